@@ -1,0 +1,85 @@
+"""Environment activities (CPU pool): episode setup, tool calls, verification."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from temporalio import activity
+
+from activities.boundary import boundary
+from environments.base import ChatFn, VerifyContext
+from environments.registry import get_environment
+from gymflow.kernel import names
+from gymflow.kernel.errors import ToolError, VerifierError
+from gymflow.kernel.store.repo import mark_rollout_started
+from gymflow.kernel.wire import (
+    ChatMessage,
+    EpisodeStart,
+    Score,
+    SetupRequest,
+    ToolRequest,
+    ToolResult,
+    VerifyRequest,
+)
+
+
+def _tool_message(req: ToolRequest, content: str) -> ChatMessage:
+    return ChatMessage(role="tool", tool_call_id=req.call.id, name=req.call.function.name, content=content)
+
+
+def _parse_arguments(raw: str) -> dict[str, Any]:
+    try:
+        args = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as e:
+        raise ToolError(f"arguments are not valid JSON ({e.msg} at column {e.colno}): {raw[:200]}") from None
+    if not isinstance(args, dict):
+        raise ToolError("arguments must be a JSON object")
+    return args
+
+
+class EnvActivities:
+    def __init__(self, sessions: async_sessionmaker, chat: ChatFn | None = None) -> None:
+        self._sessions = sessions
+        self._chat = chat
+
+    @activity.defn(name=names.SETUP_EPISODE)
+    async def setup_episode(self, req: SetupRequest) -> EpisodeStart:
+        with boundary():
+            env = get_environment(req.task.env)
+            data = env.parse_task(req.task)
+            start = EpisodeStart(messages=tuple(env.initial_messages(req.task, data)),
+                                 tools=tuple(env.tools(req.task, data)), state=env.setup(req.task, data))
+        async with self._sessions.begin() as session:
+            await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
+                                       task_id=req.task.id, sample_index=req.sample_index, env=req.task.env,
+                                       model=req.model)
+        return start
+
+    @activity.defn(name=names.CALL_TOOL)
+    async def call_tool(self, req: ToolRequest) -> ToolResult:
+        with boundary():
+            env = get_environment(req.task.env)
+            data = env.parse_task(req.task)
+        known = {t.name for t in env.tools(req.task, data)}
+        name = req.call.function.name
+        try:
+            if name not in known:
+                raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(known)) or 'none'}")
+            out = await env.call_tool(data, dict(req.state), name, _parse_arguments(req.call.function.arguments))
+        except ToolError as e:
+            return ToolResult(message=_tool_message(req, f"Error: {e}"), state=req.state, is_error=True)
+        return ToolResult(message=_tool_message(req, out.content), state=out.state)
+
+    @activity.defn(name=names.VERIFY)
+    async def verify(self, req: VerifyRequest) -> Score:
+        with boundary():
+            env = get_environment(req.task.env)
+            data = env.parse_task(req.task)
+        ctx = VerifyContext(policy_model=req.model, chat=self._chat)
+        try:
+            return await env.verify(data, req.messages, req.state, ctx)
+        except VerifierError as e:
+            # Unscorable is not wrong: mask it so it never trains or counts as a 0.
+            return Score(reward=None, masked=True, failure_type=e.failure_type, details={"error": str(e)})

@@ -1,0 +1,1 @@
+"""Environment plug-ins: tools, episode state and verifiers. Knows nothing of Temporal."""

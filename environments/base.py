@@ -1,0 +1,96 @@
+"""The environment plug-in contract.
+
+An environment turns a wire `Task` into its own frozen task type, sets up serialisable episode
+state, exposes tool schemas, runs tool calls on that state, and scores a transcript.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gymflow.kernel.errors import TaskError
+from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
+
+JSON = dict[str, Any]
+
+
+class TaskData(BaseModel):
+    """Base for environment task types: frozen, unknown fields kept (NeMo Gym rows carry extras)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+T = TypeVar("T", bound=TaskData)
+
+# (model name, messages) -> assistant text. Given to verifiers that need a judge model.
+ChatFn = Callable[[str, Sequence[ChatMessage]], Awaitable[str]]
+
+
+@dataclass
+class ToolOutput:
+    content: str
+    state: JSON = field(default_factory=dict)
+
+
+@dataclass
+class VerifyContext:
+    """What a verifier may use beyond the transcript. `chat` is None when no judge is available."""
+
+    policy_model: str
+    chat: ChatFn | None = None
+    options: JSON = field(default_factory=dict)
+
+
+class Environment(ABC, Generic[T]):
+    name: ClassVar[str]
+    task_type: ClassVar[type[TaskData]]
+
+    def parse_task(self, task: Task) -> T:
+        """Validate the task's verifier fields; errors name the field."""
+        try:
+            return self.task_type.model_validate(task.data)  # type: ignore[return-value]
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "<row>"
+            raise TaskError(f"{where}: {first['msg']} (environment {self.name})") from None
+
+    def setup(self, task: Task, data: T) -> JSON:
+        """Initial episode state. Must be JSON-serialisable and small (it travels in workflow history)."""
+        return {}
+
+    def initial_messages(self, task: Task, data: T) -> Sequence[ChatMessage]:
+        return task.messages
+
+    def tools(self, task: Task, data: T) -> Sequence[ToolSpec]:
+        return task.tools
+
+    async def call_tool(self, data: T, state: JSON, name: str, args: JSON) -> ToolOutput:
+        """Run one tool call. Raise `ToolError` for anything the model should see and fix."""
+        from gymflow.kernel.errors import ToolError
+
+        raise ToolError(f"unknown tool {name!r}")
+
+    @abstractmethod
+    async def verify(self, data: T, messages: Sequence[ChatMessage], state: JSON, ctx: VerifyContext) -> Score:
+        """Score the finished episode. Raise `VerifierError` when it cannot: the rollout is masked."""
+
+    async def validate(self, task: Task) -> Score | None:
+        """Score the task's gold answer (should be 1.0); None when the environment has no gold answer."""
+        return None
+
+
+def final_assistant_text(messages: Sequence[ChatMessage]) -> str | None:
+    """The content of the last assistant message, or None when the model never answered in text."""
+    for m in reversed(messages):
+        if m.role == "assistant":
+            return m.content
+    return None
+
+
+def called_tools(messages: Sequence[ChatMessage]) -> list[str]:
+    return [c.function.name for m in messages if m.role == "assistant" for c in (m.tool_calls or ())]

@@ -1,0 +1,78 @@
+"""`gymflow collect`: run a dataset `n` times per task and show progress; rerunning resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
+from gymflow.cli.progress import Tally, progress_bar, summary_table
+from gymflow.client import GymflowClient
+from gymflow.kernel.config import Settings
+from gymflow.kernel.datasets import load_jsonl
+from gymflow.kernel.wire import SamplingParams
+
+
+def default_run_id(dataset: str, env: str, model: str, n: int) -> str:
+    """Stable by default, so that running the same command again resumes the same run."""
+    return f"{Path(dataset).stem}-{env}-{model}-n{n}"
+
+
+async def collect_dataset(settings: Settings, dataset: str, *, env: str, model: str, n: int, run_id: str,
+                          sampling: SamplingParams | None = None, max_turns: int | None = None,
+                          retry_failed: bool = False, max_in_flight: int = 1000,
+                          console: Console | None = None) -> Tally:
+    console = console or Console()
+    tasks, errors = load_jsonl(dataset, env=env)
+    for err in errors:
+        console.print(f"[red]skipped[/red] {err}")
+    if not tasks:
+        raise click.ClickException(f"{dataset}: no valid rows")
+    client = await GymflowClient.connect(settings)
+    try:
+        await client.record_run(run_id, env=env, model=model, dataset=str(dataset), n=n,
+                                dataset_errors=[str(e) for e in errors])
+        tally = Tally(total=len(tasks) * n)
+        with progress_bar(console) as bar:
+            job = bar.add_task(run_id, total=tally.total, stats="")
+            async for result in client.collect(run_id, tasks, n=n, model=model, sampling=sampling,
+                                               max_turns=max_turns, retry_failed=retry_failed,
+                                               max_in_flight=max_in_flight):
+                tally.add(result)
+                bar.update(job, advance=1, stats=tally.line())
+        console.print(summary_table(run_id, tally))
+        return tally
+    finally:
+        await client.close()
+
+
+@click.command()
+@click.argument("dataset", type=click.Path(exists=True, dir_okay=False))
+@click.option("--env", "env_name", required=True, help="Environment name (see `gymflow env list`).")
+@click.option("--model", default="policy", show_default=True, help="Model name from the config's `models`.")
+@click.option("-n", "--samples", "n", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Samples per task (a GRPO group).")
+@click.option("--run-id", default=None, help="Default: derived from dataset, env, model and n (resumable).")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None)
+@click.option("--temperature", type=float, default=None)
+@click.option("--max-tokens", type=int, default=None)
+@click.option("--retry-failed", is_flag=True, help="Run again the rollouts of this run that failed.")
+@click.option("--max-in-flight", type=click.IntRange(min=1), default=1000, show_default=True)
+@config_option
+def collect(dataset: str, env_name: str, model: str, n: int, run_id: str | None, max_turns: int | None,
+            temperature: float | None, max_tokens: int | None, retry_failed: bool, max_in_flight: int,
+            config_path: str | None) -> None:
+    """Collect rollouts for every task in DATASET (JSONL, NeMo Gym rows load unchanged)."""
+    setup_logging(False)
+    settings = settings_or_exit(config_path)
+    sampling = None
+    if temperature is not None or max_tokens is not None:
+        sampling = settings.rollout.sampling.model_copy(update={"temperature": temperature,
+                                                                "max_tokens": max_tokens})
+    rid = run_id or default_run_id(dataset, env_name, model, n)
+    tally = run(collect_dataset(settings, dataset, env=env_name, model=model, n=n, run_id=rid, sampling=sampling,
+                                max_turns=max_turns, retry_failed=retry_failed, max_in_flight=max_in_flight))
+    if tally.failed:
+        raise SystemExit(1)

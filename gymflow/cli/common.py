@@ -1,0 +1,39 @@
+"""Shared CLI plumbing: loading settings with readable errors, running coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import click
+
+from gymflow.kernel.config import Settings, load_settings
+from gymflow.kernel.errors import GymflowError
+
+T = TypeVar("T")
+
+config_option = click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), default=None,
+                             help="gymflow YAML config (default: $GYMFLOW_CONFIG or ./gymflow.yaml)")
+
+
+def settings_or_exit(config_path: str | None) -> Settings:
+    try:
+        return load_settings(config_path)
+    except GymflowError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except GymflowError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request URL at INFO; keep it quiet so logs stay about rollouts.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,0 +1,25 @@
+"""`gymflow`: the command group. Each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import click
+
+from gymflow.cli.collect_cmd import collect
+from gymflow.cli.demo_cmd import demo
+from gymflow.cli.env_cmd import env
+from gymflow.cli.stack_cmd import up, worker
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Durable LLM RL rollout collection on Temporal and Postgres."""
+
+
+cli.add_command(up)
+cli.add_command(worker)
+cli.add_command(collect)
+cli.add_command(demo)
+cli.add_command(env)
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,97 @@
+"""`gymflow worker` (one pool) and `gymflow up` (the embedded stack plus every pool, in the foreground)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+
+from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
+from gymflow.kernel.config import Settings
+from workers.local_stack import LocalStack
+
+
+@click.command()
+@click.option("--pool", type=click.Choice(["workflows", "env", "generate", "all"]), required=True)
+@config_option
+@click.option("-v", "--verbose", is_flag=True)
+def worker(pool: str, config_path: str | None, verbose: bool) -> None:
+    """Run one worker pool until SIGTERM (in-flight work finishes first)."""
+    from workers.run_pool import run_pool
+
+    setup_logging(verbose)
+    run(run_pool(settings_or_exit(config_path), pool))  # type: ignore[arg-type]
+
+
+def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", pool]
+    if config_path:
+        cmd += ["--config", config_path]
+    return subprocess.Popen(cmd, env=env)
+
+
+def start_stack(settings: Settings, headless: bool = False) -> LocalStack:
+    from workers.connect import stack_file
+
+    stack = LocalStack(settings.state_dir, temporal_address=settings.temporal.address,
+                       database_url=settings.database.url, port=settings.temporal.port,
+                       ui_port=settings.temporal.ui_port, headless=headless)
+    stack.start()
+    stack.write_stack_file(stack_file(settings))
+    return stack
+
+
+@click.command()
+@config_option
+@click.option("--pools", default="workflows,env,generate", show_default=True,
+              help="Comma-separated pools to run as worker processes ('' for none).")
+def up(config_path: str | None, pools: str) -> None:
+    """Start the embedded stack (Temporal dev server, Postgres) and the worker pools; Ctrl-C stops all."""
+    from workers.connect import stack_file
+
+    setup_logging(False)
+    settings = settings_or_exit(config_path)
+    stack = start_stack(settings)
+    addr = stack.addresses
+    assert addr is not None
+    env = {**os.environ, "TEMPORAL_ADDRESS": addr.temporal_address, "DATABASE_URL": addr.database_url}
+    names = [p for p in pools.split(",") if p]
+    procs = {p: spawn_pool(p, env, config_path) for p in names}
+    click.echo(f"Temporal: {addr.temporal_address}   Postgres: {addr.database_url}")
+    if addr.ui_url:
+        click.echo(f"Temporal UI: {addr.ui_url}")
+    click.echo(f"pools: {', '.join(names) or 'none'}   (Ctrl-C to stop)")
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    restarts = {p: 0 for p in names}
+    try:
+        while not stopping:
+            time.sleep(0.5)
+            for p, proc in list(procs.items()):
+                if proc.poll() is not None and not stopping:
+                    restarts[p] += 1
+                    if restarts[p] > 5:
+                        raise click.ClickException(f"pool {p} keeps exiting (code {proc.returncode}); see its log")
+                    click.echo(f"pool {p} exited with {proc.returncode}; restarting", err=True)
+                    procs[p] = spawn_pool(p, env, config_path)
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        stack_file(settings).unlink(missing_ok=True)
+        stack.stop()
+        click.echo("stopped")

@@ -1,0 +1,1 @@
+"""The ground layer: wire types, config, errors, store. Imports nothing above it."""

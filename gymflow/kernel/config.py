@@ -1,0 +1,149 @@
+"""One YAML file, `${VAR}` / `${VAR:-default}` interpolation, validated by pydantic.
+
+Errors name the key (`models.policy.base_url: Field required`) and the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gymflow.kernel.errors import ConfigError
+from gymflow.kernel.wire import RolloutLimits, SamplingParams
+
+DEFAULT_CONFIG_PATHS = ("gymflow.yaml", "gymflow.yml")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    base_url: str
+    model: str = Field(description="Model id sent to the endpoint")
+    api_key_env: str | None = Field(None, description="Name of the env var holding the key; never the key")
+    request_timeout_s: float = 600.0
+    concurrency: int = Field(64, ge=1, description="Requests in flight per worker process")
+    logprobs: bool = False
+    return_token_ids: bool = Field(False, description="vLLM: ask for prompt and generation token ids")
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _looks_like_a_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be the NAME of an environment variable, not the key itself")
+        return v
+
+
+class TemporalConfig(_Section):
+    address: str | None = Field(None, description="host:port; empty starts the embedded dev server")
+    namespace: str = "default"
+    ui_port: int = 8233
+    port: int = 7233
+
+
+class DatabaseConfig(_Section):
+    url: str | None = Field(None, description="Postgres URL; empty starts embedded Postgres")
+
+
+class PoolConfig(_Section):
+    concurrency: int = Field(ge=1)
+
+
+class PoolsConfig(_Section):
+    workflows: PoolConfig = PoolConfig(concurrency=500)
+    env: PoolConfig = PoolConfig(concurrency=32)
+    generate: PoolConfig = PoolConfig(concurrency=256)
+
+
+class RolloutDefaults(_Section):
+    max_turns: int = Field(8, ge=1)
+    sampling: SamplingParams = SamplingParams()
+    limits: RolloutLimits = RolloutLimits()
+
+
+class Settings(_Section):
+    temporal: TemporalConfig = TemporalConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    state_dir: Path = Path(".gymflow")
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    pools: PoolsConfig = PoolsConfig()
+    rollout: RolloutDefaults = RolloutDefaults()
+
+    def model_config_for(self, name: str) -> ModelConfig:
+        try:
+            return self.models[name]
+        except KeyError:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise ConfigError(f"model {name!r} is not configured (models: {known})") from None
+
+
+def interpolate(value: Any, env: dict[str, str], path: str = "") -> Any:
+    """Replace `${VAR}` and `${VAR:-default}` in every string; a missing VAR without default is an error."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{path}: environment variable ${{{name}}} is not set and has no default")
+
+    out = _VAR.sub(sub, value)
+    return None if out == "" and _VAR.fullmatch(value) else out
+
+
+def _format_validation(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config in {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def settings_from_mapping(raw: dict[str, Any], source: str = "<config>", env: dict[str, str] | None = None
+                          ) -> Settings:
+    data = interpolate(raw, dict(os.environ) if env is None else env)
+    # The process environment overrides the file for the two addresses that pick the stack.
+    environ = os.environ if env is None else env
+    if environ.get("TEMPORAL_ADDRESS"):
+        data.setdefault("temporal", {})["address"] = environ["TEMPORAL_ADDRESS"]
+    if environ.get("DATABASE_URL"):
+        data.setdefault("database", {})["url"] = environ["DATABASE_URL"]
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation(err, source)) from None
+
+
+def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
+    """Load settings from `path`, `$GYMFLOW_CONFIG`, or ./gymflow.yaml; defaults when none exists."""
+    environ = dict(os.environ) if env is None else env
+    candidate = path or environ.get("GYMFLOW_CONFIG")
+    if candidate is None:
+        candidate = next((p for p in DEFAULT_CONFIG_PATHS if Path(p).exists()), None)
+    if candidate is None:
+        return settings_from_mapping({}, "<defaults>", environ)
+    p = Path(candidate)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return settings_from_mapping(raw, str(p), environ)

@@ -1,0 +1,1 @@
+"""Postgres store: typed SQLAlchemy 2.0 models, alembic migrations, idempotent writes."""

@@ -1,0 +1,73 @@
+"""Tables. Keys are the deterministic rollout id, so every write can be an idempotent upsert."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSONB, list[Any]: JSONB}
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    env: Mapped[str | None] = mapped_column(sa.Text)
+    model: Mapped[str | None] = mapped_column(sa.Text)
+    dataset: Mapped[str | None] = mapped_column(sa.Text)
+    samples_per_task: Mapped[int | None]
+    config: Mapped[dict[str, Any]] = mapped_column(server_default=sa.text("'{}'::jsonb"))
+    dataset_errors: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'::jsonb"))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+
+    id: Mapped[str] = mapped_column(sa.Text, primary_key=True, comment="<run>/<task>/<sample>")
+    run_id: Mapped[str] = mapped_column(sa.Text, index=True)
+    task_id: Mapped[str] = mapped_column(sa.Text)
+    sample_index: Mapped[int]
+    env: Mapped[str] = mapped_column(sa.Text)
+    model: Mapped[str] = mapped_column(sa.Text)
+    status: Mapped[str] = mapped_column(sa.Text, index=True)
+    reward: Mapped[float | None]
+    masked: Mapped[bool] = mapped_column(server_default=sa.false())
+    failure_type: Mapped[str | None] = mapped_column(sa.Text)
+    failure_message: Mapped[str | None] = mapped_column(sa.Text)
+    turns: Mapped[int] = mapped_column(server_default="0")
+    tool_calls: Mapped[int] = mapped_column(server_default="0")
+    prompt_tokens: Mapped[int] = mapped_column(server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(server_default="0")
+    attempts: Mapped[int] = mapped_column(server_default="0", comment="generation attempts, retries included")
+    latency_s: Mapped[float | None]
+    transcript: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'::jsonb"))
+    score_details: Mapped[dict[str, Any]] = mapped_column(server_default=sa.text("'{}'::jsonb"))
+    started_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+
+
+class Generation(Base):
+    """One model call of one turn. Token ids and logprobs live here, never in workflow history."""
+
+    __tablename__ = "generations"
+
+    rollout_id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    turn: Mapped[int] = mapped_column(primary_key=True)
+    attempt: Mapped[int]
+    model: Mapped[str] = mapped_column(sa.Text)
+    finish_reason: Mapped[str | None] = mapped_column(sa.Text)
+    prompt_tokens: Mapped[int] = mapped_column(server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(server_default="0")
+    latency_s: Mapped[float | None]
+    message: Mapped[dict[str, Any]] = mapped_column(server_default=sa.text("'{}'::jsonb"))
+    prompt_token_ids: Mapped[list[Any] | None] = mapped_column(JSONB)
+    generation_token_ids: Mapped[list[Any] | None] = mapped_column(JSONB)
+    generation_log_probs: Mapped[list[Any] | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())

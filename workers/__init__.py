@@ -1,0 +1,1 @@
+"""Processes: worker-pool entrypoints and the embedded local stack."""

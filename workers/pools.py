@@ -1,0 +1,79 @@
+"""Build the Temporal workers of each pool. Each pool polls its own task queue and scales on its own."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from gymflow.kernel import names
+from gymflow.kernel.config import Settings
+from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
+
+Pool = Literal["workflows", "env", "generate", "all"]
+POOLS: tuple[str, ...] = ("workflows", "env", "generate")
+
+
+@dataclass
+class PoolWorkers:
+    workers: list[Worker]
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in self.closers:
+            await close()
+
+
+def _workflow_worker(client: Client, settings: Settings) -> Worker:
+    from workflows.rollout import RolloutWorkflow
+
+    return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[RolloutWorkflow],
+                  max_concurrent_workflow_tasks=min(settings.pools.workflows.concurrency, 200),
+                  max_cached_workflows=max(settings.pools.workflows.concurrency, 100),
+                  graceful_shutdown_timeout=timedelta(seconds=10))
+
+
+def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str,
+               shutdown_grace: timedelta = timedelta(seconds=30)) -> PoolWorkers:
+    """Workers for `pool` ('all' = every pool in this process). Applies migrations first."""
+    wanted = POOLS if pool == "all" else (pool,)
+    out = PoolWorkers(workers=[])
+    if "workflows" in wanted:
+        out.workers.append(_workflow_worker(client, settings))
+    if "env" not in wanted and "generate" not in wanted:
+        return out
+
+    migrate(database_url)
+    engine = make_engine(database_url)
+    out.closers.append(engine.dispose)
+    sessions = make_sessionmaker(engine)
+
+    from activities.model_client import ModelClients
+
+    models = ModelClients(settings.models)
+    out.closers.append(models.close)
+    if "env" in wanted:
+        from activities.env_activities import EnvActivities
+        from activities.persist import PersistActivities
+
+        env, persist = EnvActivities(sessions, chat=models.chat), PersistActivities(sessions)
+        concurrency = settings.pools.env.concurrency
+        out.workers.append(Worker(
+            client, task_queue=names.ENV_QUEUE,
+            activities=[env.setup_episode, env.call_tool, env.verify, persist.persist_rollout],
+            activity_executor=ThreadPoolExecutor(concurrency), max_concurrent_activities=concurrency,
+            graceful_shutdown_timeout=shutdown_grace))
+    if "generate" in wanted:
+        from activities.generate import GenerateActivities
+
+        gen = GenerateActivities(models, sessions)
+        out.workers.append(Worker(
+            client, task_queue=names.GENERATE_QUEUE, activities=[gen.generate],
+            max_concurrent_activities=settings.pools.generate.concurrency,
+            graceful_shutdown_timeout=shutdown_grace))
+    return out

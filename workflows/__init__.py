@@ -1,0 +1,1 @@
+"""Workflow definitions: deterministic orchestration only. No I/O, no heavy imports."""
