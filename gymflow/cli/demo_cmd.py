@@ -7,38 +7,73 @@ import os
 from pathlib import Path
 
 import click
+import httpx
+import yaml
 from rich.console import Console
 
 from gymflow.cli.collect_cmd import collect_dataset
 from gymflow.cli.common import config_option, settings_or_exit, setup_logging
 from gymflow.cli.stack_cmd import spawn_pool, start_stack
-from gymflow.kernel.config import Settings
+from gymflow.kernel.config import ModelConfig, Settings
 from workers.connect import stack_file
 
-EXAMPLE = Path("../shared/data/nemo_gym/example_single_tool_call/example.jsonl")
+EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared/data/nemo_gym/example_single_tool_call/example.jsonl"
+NO_MODEL = (
+    "no model endpoint configured under models.{model}. Either run `gymflow demo --scripted` (a scripted "
+    "OpenAI-compatible server stands in for the model), or copy gymflow.example.yaml to gymflow.yaml and set "
+    "models.policy.base_url (any OpenAI-compatible endpoint: vLLM, OpenAI, Azure) and, if it needs a key, "
+    "api_key_env (the NAME of the variable that holds it)."
+)
 
 
-async def _wait_for_workers(settings: Settings) -> None:
-    await asyncio.sleep(2.0)  # pools connect and start polling; work queued before that simply waits
+def _preflight(cfg: ModelConfig) -> None:
+    """Fail in seconds with a clear message, rather than after a minute of retries."""
+    try:
+        httpx.get(cfg.base_url.rstrip("/") + "/models", timeout=5.0)
+    except httpx.HTTPError as e:
+        raise click.ClickException(f"model endpoint {cfg.base_url} is not reachable ({type(e).__name__}); "
+                                   "start it, fix models.policy.base_url, or use --scripted") from None
+
+
+def _with_scripted_model(settings: Settings, base_url: str, config_out: Path) -> Settings:
+    raw = settings.model_dump(mode="json", exclude_none=True)
+    raw["models"] = {**raw.get("models", {}), "policy": {"base_url": base_url, "model": "scripted-weather"}}
+    config_out.parent.mkdir(parents=True, exist_ok=True)
+    config_out.write_text(yaml.safe_dump(raw))
+    return Settings.model_validate(raw)
 
 
 @click.command()
 @config_option
+@click.option("--scripted", is_flag=True, help="Use a built-in scripted OpenAI-compatible server as the model.")
 @click.option("--dataset", type=click.Path(dir_okay=False), default=str(EXAMPLE), show_default=True)
 @click.option("--env", "env_name", default="single_tool", show_default=True)
-@click.option("--model", default="policy", show_default=True)
 @click.option("-n", "--samples", "n", default=2, show_default=True)
-def demo(config_path: str | None, dataset: str, env_name: str, model: str, n: int) -> None:
-    """Run a small collection end to end on the embedded defaults against the configured model."""
+def demo(config_path: str | None, scripted: bool, dataset: str, env_name: str, n: int) -> None:
+    """Run a small collection end to end on the embedded defaults, then stop everything."""
     setup_logging(False)
     settings = settings_or_exit(config_path)
-    if model not in settings.models:
-        raise click.ClickException(
-            f"no model endpoint configured under models.{model}. Copy gymflow.example.yaml to gymflow.yaml and "
-            "set models.policy.base_url (any OpenAI-compatible endpoint: vLLM, OpenAI, Azure) and, if it "
-            "needs one, api_key_env (the NAME of the variable that holds the key).")
     if not Path(dataset).exists():
         raise click.ClickException(f"dataset {dataset} not found")
+    server = None
+    if scripted:
+        from gymflow.testing.scripted_openai import ScriptedOpenAI, weather_responder
+
+        server = ScriptedOpenAI(responder=weather_responder).start()
+        config_path = str(Path(settings.state_dir) / "demo-config.yaml")
+        settings = _with_scripted_model(settings, server.base_url, Path(config_path))
+    elif "policy" not in settings.models:
+        raise click.ClickException(NO_MODEL.format(model="policy"))
+    else:
+        _preflight(settings.models["policy"])
+    try:
+        _run_demo(settings, config_path, dataset, env_name, n)
+    finally:
+        if server:
+            server.stop()
+
+
+def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_name: str, n: int) -> None:
     console = Console()
     stack = start_stack(settings)
     addr = stack.addresses
@@ -47,12 +82,13 @@ def demo(config_path: str | None, dataset: str, env_name: str, model: str, n: in
     procs = [spawn_pool(p, env, config_path) for p in ("workflows", "env", "generate")]
     console.print(f"Temporal UI: {addr.ui_url}" if addr.ui_url else f"Temporal: {addr.temporal_address}")
     try:
-        settings = settings.model_copy(update={"temporal": settings.temporal.model_copy(
-            update={"address": addr.temporal_address}), "database": settings.database.model_copy(
-            update={"url": addr.database_url})})
-        tally = asyncio.run(collect_dataset(settings, dataset, env=env_name, model=model, n=n,
-                                            run_id=f"demo-{env_name}-{model}", console=console))
-        console.print(f"results are in Postgres: {addr.database_url} (table rollouts)")
+        settings = settings.model_copy(update={
+            "temporal": settings.temporal.model_copy(update={"address": addr.temporal_address}),
+            "database": settings.database.model_copy(update={"url": addr.database_url})})
+        tally = asyncio.run(collect_dataset(settings, dataset, env=env_name, model="policy", n=n,
+                                            run_id=f"demo-{env_name}", console=console))
+        console.print(f"results are in Postgres: {addr.database_url} (tables runs, rollouts, generations; "
+                      "views run_scores, failure_counts, latency_percentiles)")
     finally:
         for p in procs:
             p.terminate()

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -83,8 +84,9 @@ def _completion(reply: Reply, model: str) -> dict[str, Any]:
 
 class ScriptedOpenAI:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, default: Reply | None = None,
-                 latency_s: float = 0.0) -> None:
+                 latency_s: float = 0.0, responder: Callable[[dict[str, Any]], Reply] | None = None) -> None:
         self.default = default or text("done")
+        self.responder = responder  # answers from the request itself once the script is used up
         self.latency_s = latency_s
         self.requests: list[Seen] = []
         self._queue: deque[Reply] = deque()
@@ -112,7 +114,10 @@ class ScriptedOpenAI:
     def _next(self, headers: dict[str, str], body: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(Seen(time.monotonic(), headers, body))
-            reply = self._queue.popleft() if self._queue else self.default
+            if self._queue:
+                reply = self._queue.popleft()
+            else:
+                reply = self.responder(body) if self.responder else self.default
         self.request_seen.set()
         return reply
 
@@ -165,6 +170,16 @@ class ScriptedOpenAI:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def weather_responder(body: dict[str, Any]) -> Reply:
+    """A stand-in policy for the single-tool demo: call get_weather once, then answer from its result."""
+    last = (body.get("messages") or [{}])[-1]
+    if last.get("role") == "tool":
+        return text(f"Here is what I found: {last.get('content')}")
+    if body.get("tools"):
+        return tool_call("get_weather", {"city": "San Francisco"})
+    return text("I can't check the weather without a tool.")
 
 
 def main() -> None:

@@ -1,0 +1,56 @@
+"""Config: one YAML file, ${VAR} interpolation, errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from gymflow.kernel.config import load_settings, settings_from_mapping
+from gymflow.kernel.errors import ConfigError
+
+
+def test_interpolation_with_defaults(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("models:\n  policy:\n    base_url: ${VLLM_URL:-http://localhost:8000/v1}\n"
+                    "    model: ${MODEL}\n    api_key_env: OPENAI_API_KEY\n")
+    s = load_settings(path, env={"MODEL": "qwen"})
+    assert s.models["policy"].base_url == "http://localhost:8000/v1"
+    assert s.models["policy"].model == "qwen"
+
+
+def test_missing_variable_names_the_key(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("models:\n  policy:\n    base_url: x\n    model: ${MODEL}\n")
+    with pytest.raises(ConfigError, match=r"models\.policy\.model: environment variable \$\{MODEL\} is not set"):
+        load_settings(path, env={})
+
+
+def test_validation_error_names_file_and_key(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("models:\n  policy:\n    model: m\n    concurrency: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(path, env={})
+    msg = str(e.value)
+    assert str(path) in msg and "models.policy.base_url: Field required" in msg
+    assert "models.policy.concurrency: Input should be greater than or equal to 1" in msg
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(ConfigError, match="pools.gpu: Extra inputs are not permitted"):
+        settings_from_mapping({"pools": {"gpu": {"concurrency": 1}}}, env={})
+
+
+def test_api_key_env_must_be_a_name_not_a_key():
+    with pytest.raises(ConfigError, match="api_key_env: Value error, must be the NAME"):
+        settings_from_mapping({"models": {"p": {"base_url": "u", "model": "m", "api_key_env": "sk-abc123-xyz"}}},
+                              env={})
+
+
+def test_environment_overrides_addresses():
+    s = settings_from_mapping({"temporal": {"address": "a:1"}}, env={"TEMPORAL_ADDRESS": "b:2",
+                                                                      "DATABASE_URL": "postgresql://x/y"})
+    assert s.temporal.address == "b:2" and s.database.url == "postgresql://x/y"
+
+
+def test_empty_variable_means_unset():
+    s = settings_from_mapping({"temporal": {"address": "${TEMPORAL_ADDRESS:-}"}}, env={})
+    assert s.temporal.address is None
