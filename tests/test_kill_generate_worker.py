@@ -27,3 +27,18 @@ async def test_generate_worker_sigkill_mid_generation(gf, scripted, sql, run_id,
         (1, "completed", 3)]
     assert sql("SELECT turn, attempt FROM generations WHERE rollout_id = %s ORDER BY turn", inp.rollout_id) == [
         (0, 2), (1, 1)]
+
+
+async def test_sigterm_lets_in_flight_generation_finish(gf, scripted, sql, run_id, generate_pool):
+    scripted.script(text("slow but fine", delay_s=3))
+    inp = gf.make_input(run_id, weather_task(), 0, "policy")
+    handle, _ = await gf.start_rollout(inp)
+    assert await asyncio.to_thread(scripted.request_seen.wait, 30)
+    worker = generate_pool.proc
+    worker.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.wait, 40) == 0, "graceful shutdown exits cleanly"
+    generate_pool.start()
+    summary = await asyncio.wait_for(gf.result(handle, inp), timeout=60)
+    assert summary.status == "completed"
+    assert len(scripted.requests) == 1, "the in-flight call finished; nothing was retried"
+    assert sql("SELECT attempt FROM generations WHERE rollout_id = %s", inp.rollout_id) == [(1,)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -32,5 +33,13 @@ def resolve_addresses(settings: Settings) -> tuple[str, str]:
                       f"(it writes {path})")
 
 
-async def connect_temporal(address: str, namespace: str = "default") -> Client:
-    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+async def connect_temporal(address: str, namespace: str = "default", wait_s: float = 30.0) -> Client:
+    """Connect, retrying for up to `wait_s`: a server that was just started may accept TCP before gRPC."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        try:
+            return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+        except RuntimeError:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
