@@ -14,7 +14,9 @@ import openai
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 
+from activities.boundary import boundary
 from activities.model_client import ModelClients, classify
+from activities.recorded import recorded
 from gymflow.kernel import names
 from gymflow.kernel.config import ModelConfig
 from gymflow.kernel.store.repo import save_generation
@@ -82,10 +84,21 @@ class GenerateActivities:
         finally:
             call.cancel()
 
+    async def _replay(self, cfg: ModelConfig, req: GenerateRequest, attempt: int) -> GenerateResult:
+        assert cfg.recorded is not None
+        with boundary():
+            message = recorded(cfg.recorded).turn(req.task_id, req.turn)
+        async with self._sessions.begin() as session:
+            await save_generation(session, rollout_id=req.rollout_id, turn=req.turn, attempt=attempt, model=req.model,
+                                  finish_reason="recorded", message=message.model_dump(exclude_none=True))
+        return GenerateResult(message=message, finish_reason="recorded", attempt=attempt)
+
     @activity.defn(name=names.GENERATE)
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         cfg = self._models.config(req.model)
         attempt = activity.info().attempt
+        if cfg.recorded:
+            return await self._replay(cfg, req, attempt)
         started = time.monotonic()
         async with self._models.limit(req.model):
             try:

@@ -29,25 +29,22 @@ from workers.local_stack import LocalStack, free_port, wait_for_port
 POOLS = ("workflows", "env", "generate")
 
 
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
+def cpu_seconds(pid: int) -> float:
+    """CPU of a process, its live descendants, and the descendants it has already reaped."""
+    root = psutil.Process(pid)
+    t = root.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in root.children(recursive=True):
         try:
-            t = p.cpu_times()
-            total += t.user + t.system
+            c = child.cpu_times()
+            total += c.user + c.system
         except psutil.NoSuchProcess:
             pass
     return total
 
 
-def tree(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def postgres_procs(data_dir: Path) -> list[psutil.Process]:
-    pid = int((data_dir / "postmaster.pid").read_text().split()[0])
-    return tree(pid)
+def postmaster_pid(data_dir: Path) -> int:
+    return int((data_dir / "postmaster.pid").read_text().split()[0])
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -73,12 +70,10 @@ async def run(args: argparse.Namespace) -> None:
         settings = load_settings(config, env={})
         client = await GymflowClient.connect(settings)
         await asyncio.sleep(3)  # let pools start polling, so the clock measures steady state
-        server = tree(stack._temporal.pid)  # noqa: SLF001 - the bench owns the stack
-        pg = postgres_procs(work / "state" / "postgres")
-        pools = {p: tree(proc.pid) for p, proc in workers.items()}
-        me = [psutil.Process()]
-        before = {"temporal": cpu_seconds(server), "postgres": cpu_seconds(pg), "client": cpu_seconds(me),
-                  **{p: cpu_seconds(v) for p, v in pools.items()}}
+        pids = {"temporal": stack._temporal.pid,  # noqa: SLF001 - the bench owns the stack
+                "postgres": postmaster_pid(work / "state" / "postgres"), "client": os.getpid(),
+                **{p: proc.pid for p, proc in workers.items()}}
+        before = {k: cpu_seconds(pid) for k, pid in pids.items()}
         tasks = [Task(id=f"t{i}", env="single_tool", messages=(ChatMessage(role="user", content=f"q{i}"),))
                  for i in range(args.n)]
         run_id = f"bench-{int(time.time())}"
@@ -87,8 +82,7 @@ async def run(args: argparse.Namespace) -> None:
         async for r in client.collect(run_id, tasks, n=1, model="policy", max_in_flight=args.concurrency):
             statuses[r.summary.status] = statuses.get(r.summary.status, 0) + 1
         wall = time.monotonic() - t0
-        after = {"temporal": cpu_seconds(server), "postgres": cpu_seconds(pg), "client": cpu_seconds(me),
-                 **{p: cpu_seconds(v) for p, v in pools.items()}}
+        after = {k: cpu_seconds(pid) for k, pid in pids.items()}
         transitions = [w.raw_info.state_transition_count
                        async for w in client.temporal.list_workflows(f"GymflowRun = '{run_id}'")]
         await client.close()

@@ -26,12 +26,13 @@ def test_missing_variable_names_the_key(tmp_path):
 
 def test_validation_error_names_file_and_key(tmp_path):
     path = tmp_path / "g.yaml"
-    path.write_text("models:\n  policy:\n    model: m\n    concurrency: 0\n")
+    path.write_text("models:\n  policy:\n    model: m\n")
     with pytest.raises(ConfigError) as e:
         load_settings(path, env={})
-    msg = str(e.value)
-    assert str(path) in msg and "models.policy.base_url: Field required" in msg
-    assert "models.policy.concurrency: Input should be greater than or equal to 1" in msg
+    assert str(path) in str(e.value) and "models.policy: Value error, set exactly one of base_url" in str(e.value)
+    path.write_text("models:\n  policy:\n    base_url: u\n    concurrency: 0\n")
+    with pytest.raises(ConfigError, match="models.policy.concurrency: Input should be greater than or equal to 1"):
+        load_settings(path, env={})
 
 
 def test_unknown_key_is_rejected():

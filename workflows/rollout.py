@@ -91,8 +91,9 @@ class RolloutWorkflow:
             while self._turn < inp.max_turns:
                 self._enter("generate")
                 gen = await workflow.execute_activity(
-                    names.GENERATE, GenerateRequest(rollout_id=rid, turn=self._turn, model=inp.model,
-                                                    messages=tuple(messages), tools=ep.tools, sampling=sampling),
+                    names.GENERATE,
+                    GenerateRequest(rollout_id=rid, task_id=inp.task.id, turn=self._turn, model=inp.model,
+                                    messages=tuple(messages), tools=ep.tools, sampling=sampling),
                     result_type=GenerateResult, **activity_options(inp.limits.generate, names.GENERATE_QUEUE))
                 self._turn += 1
                 messages.append(gen.message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gymflow.cli.collect_cmd import collect
+from gymflow.cli.data_cmd import data
 from gymflow.cli.demo_cmd import demo
 from gymflow.cli.env_cmd import env
 from gymflow.cli.stack_cmd import up, worker
@@ -20,6 +21,7 @@ cli.add_command(worker)
 cli.add_command(collect)
 cli.add_command(demo)
 cli.add_command(env)
+cli.add_command(data)
 
 if __name__ == "__main__":
     cli()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gymflow.kernel.errors import ConfigError
 from gymflow.kernel.wire import RolloutLimits, SamplingParams
@@ -25,8 +25,9 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    base_url: str
-    model: str = Field(description="Model id sent to the endpoint")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://vllm:8000/v1")
+    recorded: str | None = Field(None, description="A NeMo Gym rollouts JSONL whose model outputs are replayed")
+    model: str = Field("recorded", description="Model id sent to the endpoint")
     api_key_env: str | None = Field(None, description="Name of the env var holding the key; never the key")
     request_timeout_s: float = 600.0
     concurrency: int = Field(64, ge=1, description="Requests in flight per worker process")
@@ -40,6 +41,12 @@ class ModelConfig(_Section):
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             raise ValueError("must be the NAME of an environment variable, not the key itself")
         return v
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> ModelConfig:
+        if (self.base_url is None) == (self.recorded is None):
+            raise ValueError("set exactly one of base_url (a live endpoint) or recorded (a rollouts file)")
+        return self
 
 
 class TemporalConfig(_Section):

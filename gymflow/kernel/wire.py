@@ -179,6 +179,7 @@ class EpisodeStart(Wire):
 
 class GenerateRequest(Wire):
     rollout_id: str
+    task_id: str = ""
     turn: int
     model: str
     messages: tuple[ChatMessage, ...]

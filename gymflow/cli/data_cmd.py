@@ -1,0 +1,50 @@
+"""`gymflow data prepare`: validate rows against an environment, report by line and field, write the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from gymflow.kernel.errors import GymflowError
+
+
+@click.group()
+def data() -> None:
+    """Dataset preparation."""
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"min {min(values):g}  mean {sum(values) / len(values):.1f}  max {max(values):g}"
+
+
+@data.command("prepare")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--env", "env_name", required=True, help="Environment whose task type every row must fit.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Where the valid rows go (default: <file stem>.<env>.jsonl in the current directory).")
+def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
+    """Validate FILE (JSONL; NeMo Gym rows load unchanged) for ENV and write the rows that pass."""
+    from gymflow.prepare import prepare
+
+    target = Path(out or f"{Path(file).stem}.{env_name}.jsonl")
+    try:
+        report = prepare(file, env_name, target)
+    except GymflowError as e:
+        raise click.ClickException(str(e)) from None
+    console = Console()
+    for err in report.errors:
+        console.print(f"[red]error[/red] {err}")
+    table = Table("field", "rows", "types", "size (len or value)", title=f"{report.written} rows -> {target}")
+    for key, st in sorted(report.fields.items()):
+        table.add_row(key, str(st.present), ", ".join(f"{t}:{n}" for t, n in st.types.items()), _stats(st.sizes))
+    table.add_row("(prompt messages)", str(len(report.turns)), "", _stats([float(x) for x in report.turns]))
+    table.add_row("(tools)", str(len(report.tools)), "", _stats([float(x) for x in report.tools]))
+    console.print(table)
+    console.print(f"rows: {report.total}  valid: {report.written}  invalid: {len(report.errors)}")
+    if report.errors:
+        raise SystemExit(1)
