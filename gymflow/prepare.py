@@ -67,3 +67,33 @@ def prepare(path: str | Path, env_name: str, out: str | Path) -> PrepareReport:
             report.turns.append(len(task.messages))
             report.tools.append(len(task.tools))
     return report
+
+
+def conversation_key(inp: Any) -> str:
+    """The prompt as (role, content) pairs: rollout rows add item fields (`type`) that tasks lack."""
+    if isinstance(inp, str):
+        return inp
+    return json.dumps([(m.get("role"), m.get("content")) for m in inp if isinstance(m, dict)], ensure_ascii=False)
+
+
+def join_rollouts(rollouts: str | Path, tasks: str | Path, out: str | Path) -> tuple[int, list[int]]:
+    """Give each recorded rollout row the verifier fields of its task (NeMo Gym rollout files omit some,
+    e.g. `exp_cal_state`), matched by conversation. Returns (rows written, rollout lines with no task)."""
+    index: dict[str, dict[str, Any]] = {}
+    for line in Path(tasks).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            index[conversation_key(row["responses_create_params"]["input"])] = row
+    written, unmatched = 0, []
+    with Path(out).open("w", encoding="utf-8") as sink:
+        for lineno, line in enumerate(Path(rollouts).read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            task = index.get(conversation_key(row["responses_create_params"]["input"]))
+            if task is None:
+                unmatched.append(lineno)
+            merged = {**(task or {}), **row}  # the recording wins where both have a field
+            sink.write(json.dumps(merged, ensure_ascii=False) + "\n")
+            written += 1
+    return written, unmatched

@@ -48,3 +48,18 @@ def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
     console.print(f"rows: {report.total}  valid: {report.written}  invalid: {len(report.errors)}")
     if report.errors:
         raise SystemExit(1)
+
+
+@data.command("join")
+@click.argument("rollouts", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tasks", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="The task file the rollouts were made from.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True)
+def join_cmd(rollouts: str, tasks: str, out: str) -> None:
+    """Add each recorded rollout's task fields (matched by conversation) so it can be replayed and scored."""
+    from gymflow.prepare import join_rollouts
+
+    written, unmatched = join_rollouts(rollouts, tasks, out)
+    for line in unmatched:
+        click.echo(f"{rollouts}:{line}: no task in {tasks} has this conversation", err=True)
+    click.echo(f"{written} rows -> {out} ({written - len(unmatched)} joined)")
