@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 
 from activities.boundary import boundary
+from activities.model_client import ModelClients
+from activities.recorded import RecordedJudge, recorded
 from environments.base import ChatFn, VerifyContext
 from environments.registry import get_environment
 from gymflow.kernel import names
@@ -40,9 +43,27 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
 
 
 class EnvActivities:
-    def __init__(self, sessions: async_sessionmaker, chat: ChatFn | None = None) -> None:
+    def __init__(self, sessions: async_sessionmaker, models: ModelClients | None = None,
+                 env_options: dict[str, dict[str, Any]] | None = None) -> None:
         self._sessions = sessions
-        self._chat = chat
+        self._models = models
+        self._env_options = env_options or {}
+
+    def _judge_chat(self, task_id: str) -> ChatFn | None:
+        """A judge for one episode: live models by name, or a recorded model's recorded verdicts."""
+        models = self._models
+        if models is None:
+            return None
+        replays: dict[str, RecordedJudge] = {}
+
+        async def chat(model: str, messages: Sequence[ChatMessage]) -> str:
+            cfg = models.config(model)
+            if cfg.recorded:
+                replay = replays.setdefault(model, recorded(cfg.recorded).judge(task_id))
+                return await replay(model, messages)
+            return await models.chat(model, messages)
+
+        return chat
 
     @activity.defn(name=names.SETUP_EPISODE)
     async def setup_episode(self, req: SetupRequest) -> EpisodeStart:
@@ -77,7 +98,8 @@ class EnvActivities:
         with boundary():
             env = get_environment(req.task.env)
             data = env.parse_task(req.task)
-        ctx = VerifyContext(policy_model=req.model, chat=self._chat)
+        ctx = VerifyContext(policy_model=req.model, chat=self._judge_chat(req.task.id),
+                            options=dict(self._env_options.get(req.task.env, {})))
         try:
             return await env.verify(data, req.messages, req.state, ctx)
         except VerifierError as e:

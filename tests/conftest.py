@@ -61,16 +61,33 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackAddresses]:
 
 
 @pytest.fixture(scope="session")
-def config_file(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedOpenAI,
-                stack: StackAddresses) -> Path:
+def parity_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests import parity
+
+    return parity.build(tmp_path_factory.mktemp("parity"))
+
+
+@pytest.fixture(scope="session")
+def config_file(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedOpenAI, stack: StackAddresses,
+                parity_files: dict[str, Path]) -> Path:
+    from tests.parity import recorded_model
+
     path = tmp_path_factory.mktemp("config") / "gymflow.yaml"
+    models: dict[str, Any] = {
+        "policy": {"base_url": scripted.base_url, "model": "scripted-model", "api_key_env": "GYMFLOW_TEST_API_KEY",
+                   "request_timeout_s": 20, "logprobs": True},
+        "judge": {"base_url": scripted.base_url, "model": "scripted-judge", "request_timeout_s": 20},
+    }
+    models.update({recorded_model(folder): {"recorded": str(f)} for folder, f in parity_files.items()})
     path.write_text(yaml.safe_dump({
         "temporal": {"address": stack.temporal_address},
         "database": {"url": stack.database_url},
-        "models": {"policy": {"base_url": scripted.base_url, "model": "scripted-model",
-                              "api_key_env": "GYMFLOW_TEST_API_KEY", "request_timeout_s": 20, "logprobs": True}},
+        "models": models,
         "pools": {"generate": {"concurrency": 16}, "env": {"concurrency": 8}},
         "rollout": {"max_turns": 4, "limits": TEST_LIMITS},
+        # The judge answers from the recording when the judge model is a recorded one.
+        "environments": {"math_with_judge": {"judge_model": recorded_model("math_with_judge"),
+                                             "library_timeout_s": 60}},
     }))
     return path
 

@@ -1,0 +1,349 @@
+"""Math with an LLM judge (NeMo Gym's `math_with_judge` resources server).
+
+The last `\\boxed{}` of the final answer is checked against `expected_answer` with math-verify; when
+that fails and a judge is configured, the judge is asked twice (answers swapped) whether the two
+answers are equivalent, and the reward is 1 only if both verdicts say so.
+
+Parity notes (from NeMo Gym's app.py and the recorded example rollouts):
+- the gold is `\\boxed{<expected_answer without outer \\( \\) or $ $>}`, parsed as LaTeX; the prediction
+  is parsed with (Expr, LaTeX) extraction, as NeMo Gym's `math_metric` does;
+- the judge sees the raw `expected_answer` and the whole final answer text (the recorded
+  `judge_evaluations` show `\\boxed{...}` as assistant B's answer; newer NeMo Gym sends the extracted
+  answer instead, but the recorded rows are the reference here);
+- the judge is skipped when the library check passes, and the swapped call is skipped when the first
+  verdict is "different";
+- a judge reply without a label counts as "different"; the first label in the text wins.
+Deliberate differences: NeMo Gym lets math-verify look for an answer anywhere in the text; here only the
+last `\\boxed{}` counts, and an empty answer is scored 0 without asking the judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import re
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from environments.base import ChatFn, Environment, TaskData, VerifyContext, final_assistant_text
+from gymflow.kernel.errors import GymflowError, VerifierError
+from gymflow.kernel.wire import ChatMessage, Score, Task
+
+JSON = dict[str, Any]
+
+JUDGE_FAILED = "judge_failed"
+JUDGE_UNAVAILABLE = "judge_unavailable"
+
+# NeMo Gym's judge messages (adapted there from Arena Hard); reproduced verbatim so verdicts compare.
+JUDGE_SYSTEM_MESSAGE = """Please act as an impartial judge and evaluate the equivalence of the solutions given by two AI assistants to the mathematical problem displayed below. You will be given AI assistant A's answer and AI assistant B's answer. Your job is to evaluate whether assistant A's answer is equivalent to assistant B's answer.
+
+Consider the mathematical equivalence of the AI assistants' answers above all other considerations. If the problem requests special formatting instructions, you may disregard any formatting considerations when evaluating the answers -- consider only mathematical equivalence.
+
+After evaluating both answers for equivalence, you must output only one of the following choices as your final verdict with a label:
+
+1.  The AI assistants' answers are equivalent: [[A=B]]
+2.  The AI assistants' answers are different: [[A!=B]]
+
+Example output: "My final verdict is different [[A!=B]]"."""  # noqa: E501
+
+JUDGE_PROMPT_TEMPLATE = (
+    "<|Problem|>\n{question}\n\n"
+    "<|Start of Assistant A's Answer|>\n{first_answer}\n<|End of Assistant A's Answer|>\n\n"
+    "<|Start of Assistant B's Answer|>\n{second_answer}\n<|End of Assistant B's Answer|>"
+)
+JUDGE_EQUAL_LABEL = "[[A=B]]"
+JUDGE_NOT_EQUAL_LABEL = "[[A!=B]]"
+
+_BOXED = re.compile(r"\\boxed\s*\{")
+_JUDGE_TEXT_KEPT = 400  # tail of each judge reply kept in details (they travel in workflow history)
+
+
+# ---- answer extraction ---------------------------------------------------------------------------
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """Index of the `}` closing a group opened just before `start`; escaped `\\{` `\\}` do not count."""
+    depth, i = 1, start
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete top-level `\\boxed{...}` in `text`, or None."""
+    found, pos = None, 0
+    while (m := _BOXED.search(text, pos)) is not None:
+        end = _closing_brace(text, m.end())
+        if end is None:  # unterminated (e.g. truncated output): nothing complete can follow
+            break
+        found, pos = text[m.end():end], end + 1
+    return found
+
+
+def strip_math_delimiters(s: str) -> str:
+    """Drop outer `\\( \\)` or `$ $` from a gold answer, so `\\boxed{...}` around it still parses."""
+    s = s.strip()
+    if s.startswith("\\(") and s.endswith("\\)"):
+        s = s[2:-2].strip()
+    if s.startswith("$") and s.endswith("$") and len(s) > 1:
+        s = s[1:-1].strip()
+    return s
+
+
+# ---- the library check (runs in a worker process) ------------------------------------------------
+
+
+def library_check(expected_answer: str, boxed: str) -> tuple[float, str | None]:
+    """math-verify verdict and extracted answer, as NeMo Gym computes them; any error scores 0.
+
+    Timeouts are disabled (signal.alarm only works in a main thread): callers bound the time by
+    running this in a process they can kill (`CheckerPool`).
+    """
+    from math_verify import parse, verify
+    from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+
+    try:
+        gold = parse("\\boxed{" + strip_math_delimiters(expected_answer) + "}", (LatexExtractionConfig(),),
+                     parsing_timeout=None)
+        pred = parse("\\boxed{" + boxed + "}", (ExprExtractionConfig(), LatexExtractionConfig()),
+                     parsing_timeout=None)
+        if not gold or not pred:
+            return 0.0, None
+        # The first extraction that matches is the answer (NeMo Gym's choice); stop there, SymPy is slow.
+        match = next((p for p in pred if verify(gold, p, timeout_seconds=None)), None)
+        return (0.0, str(pred[0])) if match is None else (1.0, str(match))
+    except Exception:  # math-verify and SymPy raise all sorts; NeMo Gym scores these 0 too
+        return 0.0, None
+
+
+def _serve(conn: Connection) -> None:
+    """Worker loop: run `(fn, args)` jobs until the parent closes the pipe."""
+    import math_verify  # noqa: F401  (import once, before the first job's clock starts)
+
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send((True, fn(*args)))
+        except Exception as e:
+            conn.send((False, repr(e)))
+
+
+class _Worker:
+    """One long-lived checker process, reused until a job overruns; then it is killed."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="math-verify")
+        self.proc.start()
+        child.close()
+
+    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        self.conn.send((fn, args))
+        await _readable(self.conn)
+        ok, value = self.conn.recv()  # EOFError when the process died mid-job
+        if not ok:
+            raise RuntimeError(value)
+        return value
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+async def _readable(conn: Connection) -> None:
+    """Wait on the event loop, without a thread, until the worker has answered (or died)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+class CheckerPool:
+    """Up to `size` spawned worker processes; a job past `timeout_s` gets its process killed.
+
+    Long-lived workers cost well under 1 ms per check (NeMo Gym forks one per check, ~100 ms of
+    CPU). `spawn`, not `fork`: the parent is a threaded Temporal worker.
+    """
+
+    def __init__(self, size: int, timeout_s: float, start_method: str = "spawn") -> None:
+        self.size, self.timeout_s = size, timeout_s
+        self._ctx = mp.get_context(start_method)
+        self._idle: list[_Worker] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots = asyncio.Semaphore(size)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        # asyncio primitives belong to one loop; tests and workers may each bring their own.
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._slots = loop, asyncio.Semaphore(self.size)
+        return self._slots
+
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        """`fn(*args)` in a worker. Raises TimeoutError, EOFError (worker died) or RuntimeError (fn raised)."""
+        async with self._semaphore():
+            worker = self._idle.pop() if self._idle else _Worker(self._ctx)
+            try:
+                result = await asyncio.wait_for(worker.call(fn, args), timeout_s or self.timeout_s)
+            except BaseException:  # timeout, death or cancellation: its state is unknown, so kill it
+                worker.kill()
+                raise
+            self._idle.append(worker)
+            return result
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().kill()
+
+
+# ---- the judge -----------------------------------------------------------------------------------
+
+
+def judge_messages(question: str, first_answer: str, second_answer: str) -> list[ChatMessage]:
+    prompt = JUDGE_PROMPT_TEMPLATE.format(question=question, first_answer=first_answer, second_answer=second_answer)
+    return [ChatMessage(role="system", content=JUDGE_SYSTEM_MESSAGE), ChatMessage(role="user", content=prompt)]
+
+
+def judge_verdict(text: str) -> str:
+    """"equal", "different" or "no_label". The first label in the text wins, as in NeMo Gym."""
+    eq, ne = text.find(JUDGE_EQUAL_LABEL), text.find(JUDGE_NOT_EQUAL_LABEL)
+    if eq < 0 and ne < 0:
+        return "no_label"
+    return "equal" if eq >= 0 and (ne < 0 or eq < ne) else "different"
+
+
+# ---- the environment -----------------------------------------------------------------------------
+
+
+class MathWithJudgeTask(TaskData):
+    question: str
+    expected_answer: str
+    # Per-task judge settings (NeMo Gym's names); the run's `VerifyContext.options` take precedence.
+    should_use_judge: bool | None = None
+    judge_model: str | None = None
+
+
+def _option(ctx: VerifyContext, data: MathWithJudgeTask, key: str) -> Any:
+    value = ctx.options.get(key)
+    return value if value is not None else getattr(data, key)
+
+
+class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
+    """Options (`VerifyContext.options`, else the task's fields): `judge_model`, the model name given to
+    `ctx.chat`; `should_use_judge` (NeMo Gym's flag). Unset, the judge runs when both a judge model and
+    `ctx.chat` are there."""
+
+    name = "math_with_judge"
+    task_type = MathWithJudgeTask
+
+    def __init__(self, *, library_timeout_s: float = 10.0, library_workers: int | None = None,
+                 library_start_method: str = "spawn", judge_attempts: int = 3, judge_backoff_s: float = 1.0) -> None:
+        # 10 s is NeMo Gym's `library_verifier_timeout_seconds`; some true answers need ~5 s of SymPy.
+        workers = library_workers or max(1, min(8, os.cpu_count() or 1))
+        self.pool = CheckerPool(workers, library_timeout_s, library_start_method)
+        self.judge_attempts, self.judge_backoff_s = judge_attempts, judge_backoff_s
+
+    async def verify(self, data: MathWithJudgeTask, messages: Sequence[ChatMessage], state: JSON,
+                     ctx: VerifyContext) -> Score:
+        text = final_assistant_text(messages) or ""
+        boxed = last_boxed(text)
+        timeout = ctx.options.get("library_timeout_s")  # a run may allow slow SymPy more time
+        library_reward, extracted, library_error = await self._library(
+            data.expected_answer, boxed, float(timeout) if timeout else None)
+        details: JSON = {"expected_answer": data.expected_answer, "boxed_answer": boxed,
+                         "extracted_answer": extracted, "library_reward": library_reward,
+                         "judge_evaluations": None}
+        if library_error:
+            details["library_error"] = library_error
+        if library_reward > 0.5 or not text.strip():  # nothing for a judge to weigh in an empty answer
+            return Score(reward=library_reward, details=details)
+        judge_model = self._judge_model(data, ctx)
+        if judge_model is None:
+            return Score(reward=library_reward, details=details)
+        assert ctx.chat is not None  # _judge_model checked it
+        reward, evaluations = await self._judge(ctx.chat, judge_model, data, text)
+        return Score(reward=reward, details={**details, "judge_model": judge_model, "judge_evaluations": evaluations})
+
+    async def validate(self, task: Task) -> Score:
+        data = self.parse_task(task)
+        gold = ChatMessage(role="assistant", content="\\boxed{" + data.expected_answer + "}")
+        ctx = VerifyContext("", options={"should_use_judge": False})  # the gold must pass on the library alone
+        return await self.verify(data, (*task.messages, gold), {}, ctx)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    async def _library(self, expected: str, boxed: str | None, timeout_s: float | None = None
+                       ) -> tuple[float, str | None, str | None]:
+        """(reward, extracted answer, error). Timeouts and crashes score 0, as in NeMo Gym."""
+        if boxed is None:
+            return 0.0, None, None
+        timeout_s = timeout_s or self.pool.timeout_s
+        try:
+            reward, extracted = await self.pool.run(library_check, expected, boxed, timeout_s=timeout_s)
+        except TimeoutError:
+            return 0.0, None, f"timed out after {timeout_s:g} s"
+        except (EOFError, OSError, RuntimeError) as e:
+            return 0.0, None, f"checker process failed: {e!r}"
+        return reward, extracted, None
+
+    def _judge_model(self, data: MathWithJudgeTask, ctx: VerifyContext) -> str | None:
+        """The judge to ask, None when the judge is off. Asked for but unavailable: unscorable."""
+        use, model = _option(ctx, data, "should_use_judge"), _option(ctx, data, "judge_model")
+        if use is False:
+            return None
+        if model and ctx.chat is not None:
+            return str(model)
+        if use:
+            raise VerifierError("should_use_judge is set but no judge model or chat function is configured",
+                                failure_type=JUDGE_UNAVAILABLE)
+        return None
+
+    async def _judge(self, chat: ChatFn, model: str, data: MathWithJudgeTask, answer: str) -> tuple[float, list[JSON]]:
+        """Both orders must say equal; positional bias is why NeMo Gym asks twice."""
+        first = await self._judge_once(chat, model, "expected_first",
+                                       judge_messages(data.question, data.expected_answer, answer))
+        if first["verdict"] != "equal":
+            return 0.0, [first]
+        second = await self._judge_once(chat, model, "answer_first",
+                                        judge_messages(data.question, answer, data.expected_answer))
+        return (1.0 if second["verdict"] == "equal" else 0.0), [first, second]
+
+    async def _judge_once(self, chat: ChatFn, model: str, order: str, messages: Sequence[ChatMessage]) -> JSON:
+        reply = await self._ask(chat, model, messages)
+        return {"order": order, "verdict": judge_verdict(reply), "response_tail": reply[-_JUDGE_TEXT_KEPT:]}
+
+    async def _ask(self, chat: ChatFn, model: str, messages: Sequence[ChatMessage]) -> str:
+        """One judge reply, retried with backoff; still failing means unscorable (masked), never 0."""
+        for attempt in range(1, self.judge_attempts + 1):
+            try:
+                return await chat(model, messages)
+            except Exception as e:
+                # GymflowErrors and Temporal's non-retryable ApplicationErrors are deterministic: retrying won't help.
+                deterministic = isinstance(e, GymflowError) or getattr(e, "non_retryable", False)
+                if attempt >= self.judge_attempts or deterministic:
+                    raise VerifierError(f"judge {model!r} failed after {attempt} attempt(s): {e}",
+                                        failure_type=JUDGE_FAILED) from e
+                await asyncio.sleep(self.judge_backoff_s * 2 ** (attempt - 1))
+        raise VerifierError(f"judge {model!r}: no attempts allowed", failure_type=JUDGE_FAILED)

@@ -1,0 +1,282 @@
+"""math_with_judge: boxed extraction, math-verify in a worker process, the two-order judge, masking on
+judge failure, `validate` on the example tasks, and a replay of NeMo Gym's recorded rollouts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import math_verify  # noqa: F401  (imported here so forked checker processes start warm)
+import pytest
+
+from environments.base import VerifyContext
+from environments.math_with_judge import (
+    JUDGE_FAILED,
+    JUDGE_UNAVAILABLE,
+    CheckerPool,
+    MathWithJudgeEnvironment,
+    judge_messages,
+    judge_verdict,
+    last_boxed,
+    library_check,
+)
+from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.kernel.errors import GymflowError, VerifierError
+from gymflow.kernel.responses_format import input_to_messages
+from gymflow.kernel.wire import ChatMessage, Task
+from tests.conftest import SHARED
+
+DATA = SHARED / "math_with_judge"
+ROLLOUTS = [json.loads(line) for line in (DATA / "example_rollouts.jsonl").read_text().splitlines() if line.strip()]
+EQUAL, DIFFERENT = "My final verdict is equivalent [[A=B]]", "My final verdict is different [[A!=B]]"
+JUDGE = {"judge_model": "judge"}
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[MathWithJudgeEnvironment]:
+    # fork keeps the suite fast; the production default, spawn, is covered by its own test. A generous timeout:
+    # replay row 1's true answer needs 4-9 s of SymPy on a loaded 2-core box (timeouts are tested apart).
+    env = MathWithJudgeEnvironment(library_timeout_s=60, library_workers=2, library_start_method="fork",
+                                   judge_backoff_s=0)
+    yield env
+    env.close()
+
+
+class FakeJudge:
+    """A `ctx.chat` that answers from a script; an Exception in the script is raised instead."""
+
+    def __init__(self, *replies: str | Exception) -> None:
+        self.replies = list(replies)
+        self.calls: list[tuple[str, list[ChatMessage]]] = []
+
+    async def __call__(self, model: str, messages: Sequence[ChatMessage]) -> str:
+        self.calls.append((model, list(messages)))
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def math_task(expected: str = "4", question: str = "What is 2+2?", **data: Any) -> Task:
+    return Task(id="m0", env="math_with_judge", messages=(ChatMessage(role="user", content=question),),
+                data={"question": question, "expected_answer": expected, **data})
+
+
+async def score(env: MathWithJudgeEnvironment, task: Task, answer: str | None, judge: FakeJudge | None = None,
+                options: dict[str, Any] | None = None):
+    transcript = (*task.messages, ChatMessage(role="assistant", content=answer))
+    return await env.verify(env.parse_task(task), transcript, {}, VerifyContext("policy", judge, options or {}))
+
+
+# ---- pure helpers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "boxed"), [
+    (r"so \boxed{4}.", "4"),
+    (r"\boxed{1} then, on reflection, \boxed{2}", "2"),
+    (r"\boxed{\frac{1}{\sqrt{2}}}", r"\frac{1}{\sqrt{2}}"),
+    (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+    (r"\boxed{\boxed{3}}", r"\boxed{3}"),
+    (r"\boxed {7}", "7"),
+    (r"\boxed{1} and a truncated \boxed{\frac{2}{", "1"),
+    ("The answer is 4", None),
+    ("", None),
+])
+def test_last_boxed(text: str, boxed: str | None) -> None:
+    assert last_boxed(text) == boxed
+
+
+@pytest.mark.parametrize(("reply", "verdict"), [
+    (EQUAL, "equal"), (DIFFERENT, "different"), ("no idea", "no_label"),
+    ("[[A=B]] ... or rather [[A!=B]]", "equal"), ("[[A!=B]], not [[A=B]]", "different"),
+])
+def test_judge_verdict_first_label_wins(reply: str, verdict: str) -> None:
+    assert judge_verdict(reply) == verdict
+
+
+# ---- library check -------------------------------------------------------------------------------
+
+
+async def test_right_answer(env: MathWithJudgeEnvironment) -> None:
+    s = await score(env, math_task("4"), r"2+2 is \boxed{4}")
+    assert (s.reward, s.masked) == (1.0, False)
+    assert s.details["extracted_answer"] == "4" and s.details["library_reward"] == 1.0
+    assert s.details["judge_evaluations"] is None
+
+
+async def test_wrong_answer_without_judge(env: MathWithJudgeEnvironment) -> None:
+    s = await score(env, math_task("4"), r"\boxed{5}")
+    assert s.reward == 0.0 and s.details["extracted_answer"] == "5" and s.details["judge_evaluations"] is None
+
+
+async def test_malformed_answer_without_boxed(env: MathWithJudgeEnvironment) -> None:
+    s = await score(env, math_task("4"), "The answer is 4")
+    assert s.reward == 0.0 and s.details["boxed_answer"] is None and s.details["extracted_answer"] is None
+
+
+@pytest.mark.parametrize("answer", ["", "   ", None])
+async def test_empty_answer_scores_zero_without_asking_the_judge(env: MathWithJudgeEnvironment,
+                                                                 answer: str | None) -> None:
+    judge = FakeJudge()
+    s = await score(env, math_task("4"), answer, judge, JUDGE)
+    assert s.reward == 0.0 and not judge.calls
+
+
+async def test_nested_braces(env: MathWithJudgeEnvironment) -> None:
+    s = await score(env, math_task(r"\(\frac{\sqrt{2}}{2}\)"), r"\boxed{\frac{1}{\sqrt{2}}}")
+    assert s.reward == 1.0 and s.details["boxed_answer"] == r"\frac{1}{\sqrt{2}}"
+
+
+async def test_library_timeout_scores_zero_like_nemo_gym() -> None:
+    env = MathWithJudgeEnvironment(library_timeout_s=0.05, library_workers=1)  # spawn + import alone overrun
+    try:
+        s = await score(env, math_task("4"), r"\boxed{4}")
+    finally:
+        env.close()
+    assert s.reward == 0.0 and "timed out" in s.details["library_error"]
+
+
+async def test_spawned_worker_runs_the_check() -> None:
+    pool = CheckerPool(1, timeout_s=20.0)  # spawn: the worker imports this module and math-verify afresh
+    try:
+        assert await pool.run(library_check, r"\(\frac{1}{2}\)", "0.5") == (1.0, "1/2")
+    finally:
+        pool.close()
+
+
+async def test_pool_kills_an_overrunning_worker_and_recovers() -> None:
+    pool = CheckerPool(1, timeout_s=5.0, start_method="fork")
+    try:
+        assert await pool.run(pow, 2, 3) == 8
+        stuck = pool._idle[0].proc
+        pool.timeout_s = 0.2
+        with pytest.raises(TimeoutError):
+            await pool.run(time.sleep, 30)
+        assert not stuck.is_alive() and not pool._idle
+        pool.timeout_s = 5.0
+        assert await pool.run(pow, 3, 2) == 9
+    finally:
+        pool.close()
+
+
+# ---- judge ---------------------------------------------------------------------------------------
+
+
+async def test_judge_equal_in_both_orders_scores_one(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge(EQUAL, EQUAL)
+    s = await score(env, math_task("4", "What is 2+2?"), r"\boxed{four}", judge, JUDGE)
+    assert s.reward == 1.0 and s.details["library_reward"] == 0.0
+    assert [c[0] for c in judge.calls] == ["judge", "judge"]
+    assert judge.calls[0][1] == judge_messages("What is 2+2?", "4", r"\boxed{four}")
+    assert judge.calls[1][1] == judge_messages("What is 2+2?", r"\boxed{four}", "4")
+    assert [e["verdict"] for e in s.details["judge_evaluations"]] == ["equal", "equal"]
+
+
+async def test_judge_disagreeing_on_swap_scores_zero(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge(EQUAL, DIFFERENT)
+    s = await score(env, math_task("4"), r"\boxed{four}", judge, JUDGE)
+    assert s.reward == 0.0 and len(judge.calls) == 2
+
+
+async def test_judge_saying_different_first_is_not_asked_again(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge(DIFFERENT)
+    s = await score(env, math_task("4"), r"\boxed{5}", judge, JUDGE)
+    assert s.reward == 0.0 and len(judge.calls) == 1
+
+
+async def test_judge_without_label_counts_as_different(env: MathWithJudgeEnvironment) -> None:
+    s = await score(env, math_task("4"), r"\boxed{5}", FakeJudge("I cannot tell."), JUDGE)
+    assert s.reward == 0.0 and s.details["judge_evaluations"][0]["verdict"] == "no_label"
+
+
+async def test_judge_not_asked_when_library_passes(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge()
+    assert (await score(env, math_task("4"), r"\boxed{4}", judge, JUDGE)).reward == 1.0 and not judge.calls
+
+
+async def test_judge_model_can_come_from_the_task(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge(EQUAL, EQUAL)
+    s = await score(env, math_task("4", judge_model="task-judge"), r"\boxed{four}", judge)
+    assert s.reward == 1.0 and judge.calls[0][0] == "task-judge"
+
+
+async def test_judge_switched_off_by_option(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge()
+    s = await score(env, math_task("4"), r"\boxed{four}", judge, {**JUDGE, "should_use_judge": False})
+    assert s.reward == 0.0 and not judge.calls
+
+
+async def test_judge_that_keeps_failing_masks_the_rollout(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge(*[ConnectionError("judge down")] * env.judge_attempts)
+    with pytest.raises(VerifierError) as err:
+        await score(env, math_task("4"), r"\boxed{four}", judge, JUDGE)
+    assert err.value.failure_type == JUDGE_FAILED and len(judge.calls) == env.judge_attempts
+
+
+async def test_judge_failure_is_retried(env: MathWithJudgeEnvironment) -> None:
+    judge = FakeJudge(ConnectionError("blip"), EQUAL, EQUAL)
+    assert (await score(env, math_task("4"), r"\boxed{four}", judge, JUDGE)).reward == 1.0
+
+
+def non_retryable(message: str) -> Exception:
+    err = RuntimeError(message)
+    err.non_retryable = True  # type: ignore[attr-defined]  # what Temporal's ApplicationError carries
+    return err
+
+
+@pytest.mark.parametrize("bad", [non_retryable("401"), GymflowError("recording exhausted")])
+async def test_deterministic_judge_error_is_not_retried(env: MathWithJudgeEnvironment, bad: Exception) -> None:
+    judge = FakeJudge(bad)
+    with pytest.raises(VerifierError):
+        await score(env, math_task("4"), r"\boxed{four}", judge, JUDGE)
+    assert len(judge.calls) == 1
+
+
+async def test_judge_requested_but_unavailable_is_unscorable(env: MathWithJudgeEnvironment) -> None:
+    with pytest.raises(VerifierError) as err:
+        await score(env, math_task("4"), r"\boxed{four}", None, {"should_use_judge": True, "judge_model": "j"})
+    assert err.value.failure_type == JUDGE_UNAVAILABLE
+
+
+# ---- the example data ----------------------------------------------------------------------------
+
+
+async def test_validate_passes_on_every_example_task(env: MathWithJudgeEnvironment) -> None:
+    tasks, errors = load_jsonl(DATA / "example.jsonl", env="math_with_judge")
+    assert not errors and len(tasks) == 5
+    for task in tasks:
+        s = await env.validate(task)
+        assert s.reward == 1.0, (task.data["expected_answer"], s.details)
+
+
+def recorded_judge(row: dict[str, Any]) -> FakeJudge:
+    """Replays the row's judge replies, checking each prompt is the one NeMo Gym sent."""
+    evaluations = row["judge_evaluations"] or []
+    replies = [e["response"]["output"][-1]["content"][-1]["text"] for e in evaluations]
+    judge = FakeJudge(*replies)
+    judge.expected = [[(m["role"], m["content"]) for m in e["responses_create_params"]["input"]]  # type: ignore[attr-defined]
+                      for e in evaluations]
+    return judge
+
+
+def rollout_task(row: dict[str, Any], i: int) -> Task:
+    """The rollout rows dropped `question` (the judge prompts show it was sent): take it from example.jsonl."""
+    examples = [json.loads(line) for line in (DATA / "example.jsonl").read_text().splitlines() if line.strip()]
+    prompt = row["responses_create_params"]["input"][0]["content"]
+    question = next(e["question"] for e in examples if e["responses_create_params"]["input"][0]["content"] == prompt)
+    return row_to_task({**row, "question": question}, env="math_with_judge", default_id=f"rollout-{i}")
+
+
+@pytest.mark.parametrize("i", range(len(ROLLOUTS)))
+async def test_replay_matches_nemo_gym_reward(env: MathWithJudgeEnvironment, i: int) -> None:
+    row = ROLLOUTS[i]
+    task = rollout_task(row, i)
+    transcript = (*task.messages, *input_to_messages(row["response"]["output"], "response.output"))
+    judge = recorded_judge(row)
+    s = await env.verify(env.parse_task(task), transcript, {}, VerifyContext("policy", judge, JUDGE))
+    assert s.reward == row["reward"]
+    assert s.details["library_reward"] == row["library_reward"]
+    assert s.details["extracted_answer"] == row["extracted_answer"]
+    assert [[(m.role, m.content) for m in msgs] for _, msgs in judge.calls] == judge.expected  # type: ignore[attr-defined]
