@@ -61,7 +61,8 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
         from activities.env_activities import EnvActivities
         from activities.persist import PersistActivities
 
-        env, persist = EnvActivities(sessions, chat=models.chat), PersistActivities(sessions)
+        env = EnvActivities(sessions, models, settings.environments)
+        persist = PersistActivities(sessions)
         concurrency = settings.pools.env.concurrency
         out.workers.append(Worker(
             client, task_queue=names.ENV_QUEUE,

@@ -83,6 +83,8 @@ class Settings(_Section):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     pools: PoolsConfig = PoolsConfig()
     rollout: RolloutDefaults = RolloutDefaults()
+    environments: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-environment verifier options, e.g. math_with_judge.judge_model")
 
     def model_config_for(self, name: str) -> ModelConfig:
         try:
