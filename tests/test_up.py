@@ -1,0 +1,55 @@
+"""`gymflow up`: the embedded stack and all pools in the foreground; Ctrl-C stops what it started."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import yaml
+
+from gymflow.client import GymflowClient
+from gymflow.kernel.config import load_settings
+from gymflow.testing.scripted_openai import text, tool_call
+from tests.conftest import ROOT
+from tests.helpers import weather_task
+from workers.local_stack import free_port
+
+
+async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
+    os.chmod(tmp_path, 0o755)
+    state = tmp_path / "state"
+    config = tmp_path / "gymflow.yaml"
+    ui_port = free_port()
+    config.write_text(yaml.safe_dump({
+        "state_dir": str(state), "temporal": {"port": free_port(), "ui_port": ui_port},
+        "models": {"policy": {"base_url": scripted.base_url, "model": "m"}},
+    }))
+    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
+    proc = subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "up", "--config", str(config)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        stack_json = state / "stack.json"
+        deadline = time.monotonic() + 60
+        while not stack_json.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "gymflow up did not come up"
+            await asyncio.sleep(0.2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        settings = load_settings(config, env=env)  # finds the running stack through stack.json
+        client = await GymflowClient.connect(settings)
+        scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
+        summary = await asyncio.wait_for(client.run_rollout(client.make_input("up", weather_task(), 0, "policy")), 60)
+        await client.close()
+        assert summary.status == "completed" and summary.reward == 1.0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    assert f"Temporal UI: http://127.0.0.1:{ui_port}" in out
+    assert proc.returncode == 0, out
+    assert not stack_json.exists()
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "left running"
+    assert not (state / "postgres" / "postmaster.pid").exists(), "embedded Postgres still running"
