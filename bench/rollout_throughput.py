@@ -29,10 +29,12 @@ from workers.local_stack import LocalStack, free_port, wait_for_port
 POOLS = ("workflows", "env", "generate")
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU of a process, its live descendants, and the descendants it has already reaped."""
+def cpu_seconds(pid: int, descendants: bool = True) -> float:
+    """CPU of a process and (unless told not to) its live descendants and those it has already reaped."""
     root = psutil.Process(pid)
     t = root.cpu_times()
+    if not descendants:
+        return t.user + t.system
     total = t.user + t.system + t.children_user + t.children_system
     for child in root.children(recursive=True):
         try:
@@ -71,9 +73,9 @@ async def run(args: argparse.Namespace) -> None:
         client = await GymflowClient.connect(settings)
         await asyncio.sleep(3)  # let pools start polling, so the clock measures steady state
         pids = {"temporal": stack._temporal.pid,  # noqa: SLF001 - the bench owns the stack
-                "postgres": postmaster_pid(work / "state" / "postgres"), "client": os.getpid(),
-                **{p: proc.pid for p, proc in workers.items()}}
-        before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                "postgres": postmaster_pid(work / "state" / "postgres"), "scripted model": model.pid,
+                **{f"pool {p}": proc.pid for p, proc in workers.items()}}
+        before = {k: cpu_seconds(pid) for k, pid in pids.items()} | {"client": cpu_seconds(os.getpid(), False)}
         tasks = [Task(id=f"t{i}", env="single_tool", messages=(ChatMessage(role="user", content=f"q{i}"),))
                  for i in range(args.n)]
         run_id = f"bench-{int(time.time())}"
@@ -82,7 +84,7 @@ async def run(args: argparse.Namespace) -> None:
         async for r in client.collect(run_id, tasks, n=1, model="policy", max_in_flight=args.concurrency):
             statuses[r.summary.status] = statuses.get(r.summary.status, 0) + 1
         wall = time.monotonic() - t0
-        after = {k: cpu_seconds(pid) for k, pid in pids.items()}
+        after = {k: cpu_seconds(pid) for k, pid in pids.items()} | {"client": cpu_seconds(os.getpid(), False)}
         transitions = [w.raw_info.state_transition_count
                        async for w in client.temporal.list_workflows(f"GymflowRun = '{run_id}'")]
         await client.close()
