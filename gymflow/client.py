@@ -25,6 +25,7 @@ from gymflow.kernel import names
 from gymflow.kernel.config import Settings
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
 from gymflow.kernel.store.repo import save_rollout, upsert_run
+from gymflow.kernel.store.reports import run_report
 from gymflow.kernel.wire import RolloutInput, RolloutRecord, RolloutSummary, SamplingParams, Task
 from workers.connect import connect_temporal, resolve_addresses
 
@@ -114,6 +115,11 @@ class GymflowClient:
         async with self._sessions.begin() as session:
             await upsert_run(session, run_id, env=env, model=model, dataset=dataset, samples_per_task=n,
                              dataset_errors=list(dataset_errors))
+
+    async def report(self, run_id: str) -> dict[str, list[dict[str, Any]]]:
+        """Mean reward and pass@k, failures by type, latency percentiles for one run (the SQL views)."""
+        async with self._sessions() as session:
+            return await run_report(session, run_id)
 
     async def collect(self, run_id: str, tasks: Iterable[Task], *, n: int, model: str,
                       sampling: SamplingParams | None = None, max_turns: int | None = None,

@@ -8,6 +8,7 @@ from gymflow.cli.collect_cmd import collect
 from gymflow.cli.data_cmd import data
 from gymflow.cli.demo_cmd import demo
 from gymflow.cli.env_cmd import env
+from gymflow.cli.report_cmd import report
 from gymflow.cli.stack_cmd import up, worker
 
 
@@ -22,6 +23,7 @@ cli.add_command(collect)
 cli.add_command(demo)
 cli.add_command(env)
 cli.add_command(data)
+cli.add_command(report)
 
 if __name__ == "__main__":
     cli()
