@@ -6,7 +6,7 @@ from typing import Any
 
 from environments.workplace_assistant.common import contains, fail, paginate, parse_ts, records
 from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import World
+from environments.workplace_assistant.world import World, delete_record
 
 OWNER = "CalendarTool"
 T, ID = "calendar", "event_id"
@@ -101,13 +101,7 @@ def create_event(w: World, event_name: Any = None, participant_email: Any = None
 
 @tool("calendar_delete_event", OWNER, mutating=True)
 def delete_event(w: World, event_id: Any = None) -> str:
-    if not event_id:
-        fail("Event ID not provided.")
-    _check_id(event_id)
-    if w.find(T, ID, event_id) is None:
-        fail("Event not found.")
-    w.delete(T, ID, event_id)
-    return "Event deleted successfully."
+    return delete_record(w, T, ID, event_id, "Event", check=_check_id)
 
 
 @tool("calendar_update_event", OWNER, mutating=True)

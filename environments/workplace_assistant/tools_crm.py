@@ -6,7 +6,7 @@ from typing import Any
 
 from environments.workplace_assistant.common import contains, fail, paginate, records, text_at_least, text_at_most
 from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import World
+from environments.workplace_assistant.world import World, delete_record
 
 OWNER = "CustomerRelationshipManagerTool"
 T, ID = "crm", "customer_id"
@@ -85,9 +85,4 @@ def add_customer(w: World, customer_name: Any = None, assigned_to_email: Any = N
 
 @tool("customer_relationship_manager_delete_customer", OWNER, mutating=True)
 def delete_customer(w: World, customer_id: Any = None) -> str:
-    if not customer_id:
-        fail("Customer ID not provided.")
-    if w.find(T, ID, customer_id) is None:
-        fail("Customer not found.")
-    w.delete(T, ID, customer_id)
-    return "Customer deleted successfully."
+    return delete_record(w, T, ID, customer_id, "Customer")

@@ -6,7 +6,7 @@ from typing import Any
 
 from environments.workplace_assistant.common import fail, paginate, parse_ts, records
 from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import World
+from environments.workplace_assistant.world import World, delete_record
 
 OWNER = "EmailTool"
 T, ID = "emails", "email_id"
@@ -75,12 +75,7 @@ def send_email(w: World, recipient: Any = None, subject: Any = None, body: Any =
 
 @tool("email_delete_email", OWNER, mutating=True)
 def delete_email(w: World, email_id: Any = None) -> str:
-    if not email_id:
-        fail("Email ID not provided.")
-    if w.find(T, ID, email_id) is None:
-        fail("Email not found.")
-    w.delete(T, ID, email_id)
-    return "Email deleted successfully."
+    return delete_record(w, T, ID, email_id, "Email")
 
 
 @tool("email_forward_email", OWNER, mutating=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from environments.workplace_assistant.common import contains, fail, records
 from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import Row, World
+from environments.workplace_assistant.world import Row, World, delete_record
 
 OWNER = "ProjectManagementTool"
 T, ID = "tasks", "task_id"
@@ -77,12 +77,7 @@ def create_task(w: World, task_name: Any = None, assigned_to_email: Any = None, 
 
 @tool("project_management_delete_task", OWNER, mutating=True)
 def delete_task(w: World, task_id: Any = None) -> str:
-    if not task_id:
-        fail("Task ID not provided.")
-    if w.find(T, ID, task_id) is None:
-        fail("Task not found.")
-    w.delete(T, ID, task_id)
-    return "Task deleted successfully."
+    return delete_record(w, T, ID, task_id, "Task")
 
 
 @tool("project_management_update_task", OWNER, mutating=True)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gymflow.kernel.errors import ConfigError
+from gymflow.kernel.errors import ConfigError, ToolError
 
 ENV_VAR = "GYMFLOW_WORKPLACE_DATA"
 _REPO = Path(__file__).resolve().parents[2]
@@ -111,3 +112,16 @@ def _load(root: str) -> World:
 def pristine() -> World:
     """The shared read-only world; call `.fork()` before changing anything."""
     return _load(str(data_dir().resolve()))
+
+
+def delete_record(w: World, table: str, id_column: str, record_id: Any, noun: str,
+                  check: Callable[[Any], None] | None = None) -> str:
+    """The delete tools all share NeMo Gym's wording: '<Noun> ID not provided.', '<Noun> not found.'."""
+    if not record_id:
+        raise ToolError(f"{noun} ID not provided.")
+    if check is not None:
+        check(record_id)
+    if w.find(table, id_column, record_id) is None:
+        raise ToolError(f"{noun} not found.")
+    w.delete(table, id_column, record_id)
+    return f"{noun} deleted successfully."
