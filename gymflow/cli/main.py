@@ -9,6 +9,7 @@ from gymflow.cli.data_cmd import data
 from gymflow.cli.demo_cmd import demo
 from gymflow.cli.env_cmd import env
 from gymflow.cli.report_cmd import report
+from gymflow.cli.resume_cmd import resume
 from gymflow.cli.stack_cmd import up, worker
 
 
@@ -24,6 +25,7 @@ cli.add_command(demo)
 cli.add_command(env)
 cli.add_command(data)
 cli.add_command(report)
+cli.add_command(resume)
 
 if __name__ == "__main__":
     cli()
