@@ -39,15 +39,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with code {proc.returncode} before listening on {port}")
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            if s.connect_ex((host, port)) == 0:
-                return
+        if port_in_use(port, host):
+            return
         time.sleep(0.1)
     raise TimeoutError(f"nothing listened on {host}:{port} within {timeout_s:.0f}s")
 
@@ -101,6 +105,10 @@ class LocalStack:
     # -- Temporal ---------------------------------------------------------------------------------
     def _start_temporal(self) -> str:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        for port in (self._port, None if self._headless else self._ui_port):
+            if port is not None and port_in_use(port):
+                raise RuntimeError(f"port {port} on 127.0.0.1 is already in use (another `gymflow up` or Temporal "
+                                   "server?); stop it or set temporal.port / temporal.ui_port")
         cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self._port),
                "--db-filename", str(self.state_dir / "temporal.db"),
                "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
