@@ -1,0 +1,61 @@
+"""Run untrusted Python (model-written code) in a sandbox: the contract and a bubblewrap implementation.
+
+Contract: `await sandbox.run_python(source, stdin, files=..., limits=...) -> SandboxResult`. The source runs
+as `main.py` in a private working directory next to `files`; the result carries a typed `status`
+(ok / timeout / memory / output_limit / killed / error), the exit code, stdout (capped) and stderr (tail).
+
+`BubblewrapSandbox` (Debian package `bubblewrap`):
+- `--unshare-all`: new user, pid, net, ipc, uts and cgroup namespaces. No network, not even the host's
+  loopback; the whole process tree dies with the pid namespace.
+- A fresh root with read-only binds of /usr (plus the merged-usr links and the loader's files in /etc)
+  and the interpreter's prefix. Nothing else of the host is visible (homes, /var, /work, the host's
+  /tmp). /tmp and the working dir /sandbox are private, size-capped tmpfs; "/" is remounted read-only.
+- `--die-with-parent`, `--new-session` (no TIOCSTI into our terminal), `--clearenv`.
+- rlimits set inside by `prlimit` (util-linux): CPU, address space, processes, file size, open
+  files, no core dumps. Not `preexec_fn`: that is unsafe in threaded processes (Temporal workers).
+- When we run as root the sandbox runs as `nobody` (65534): the kernel never applies RLIMIT_NPROC to
+  uid 0, so a fork bomb would otherwise only be stopped by the wall clock.
+- stdout and stderr are read incrementally; past `output_bytes` the sandbox is killed. A wall-clock
+  timeout kills the process group (bwrap), and `--die-with-parent` takes the namespace down with it.
+
+Unsandboxed mode (`UnsandboxedRunner`) keeps the rlimits (minus the process limit), the output cap and
+the timeout but isolates nothing: the code can read and write your files and use the network. It is
+used only when bwrap is missing and the caller opted in, with `get_sandbox(allow_unsandboxed=True)` or
+`GYMFLOW_UNSAFE_NO_SANDBOX=1`. Never enable it on a machine with anything worth protecting.
+"""
+
+from __future__ import annotations
+
+# `shutil` stays reachable as `environments.sandbox.shutil` for callers that patch `shutil.which` through it.
+import shutil  # noqa: F401
+
+from environments.sandbox.contract import Sandbox
+from environments.sandbox.runners import BubblewrapSandbox, UnsandboxedRunner, default_python, get_sandbox
+from environments.sandbox.types import (
+    MISSING_BWRAP,
+    NOBODY,
+    PYTHON_ENV,
+    UNSAFE_ENV,
+    WORKDIR,
+    Limits,
+    SandboxResult,
+    SandboxStatus,
+    SandboxUnavailable,
+)
+
+__all__ = [
+    "MISSING_BWRAP",
+    "NOBODY",
+    "PYTHON_ENV",
+    "UNSAFE_ENV",
+    "WORKDIR",
+    "BubblewrapSandbox",
+    "Limits",
+    "Sandbox",
+    "SandboxResult",
+    "SandboxStatus",
+    "SandboxUnavailable",
+    "UnsandboxedRunner",
+    "default_python",
+    "get_sandbox",
+]

@@ -1,0 +1,100 @@
+"""Shared vocabulary of the sandbox: constants, the error, the result status, limits, results and run records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gymflow.kernel.errors import GymflowError
+
+UNSAFE_ENV = "GYMFLOW_UNSAFE_NO_SANDBOX"
+PYTHON_ENV = "GYMFLOW_SANDBOX_PYTHON"
+NOBODY = 65534
+WORKDIR = "/sandbox"
+_CHUNK = 1 << 16
+_MIB = 1 << 20
+_MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory")
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
+_MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+# Runs first inside the sandbox: reports "the interpreter started" on a pipe (so a sandbox that failed
+# to set up is told apart from a program that failed), drops every inherited fd, then runs main.py.
+_BOOTSTRAP = (
+    "import os, runpy, sys\n"
+    "os.write(int(sys.argv[1]), b'1')\n"
+    "os.closerange(3, 65536)\n"
+    "sys.argv = ['main.py']\n"
+    "runpy.run_path('main.py', run_name='__main__')\n"
+)
+
+MISSING_BWRAP = (
+    "bubblewrap (`bwrap`) is not on PATH: model-written code is only run inside it. Install the Debian/Ubuntu "
+    f"package `bubblewrap` (apt-get install bubblewrap), or set {UNSAFE_ENV}=1 to run such code without any "
+    "isolation (it can then read and write your files and use the network)."
+)
+
+
+class SandboxUnavailable(GymflowError):
+    """No sandbox can run here (bwrap missing or unable to create namespaces)."""
+
+    failure_type = "sandbox_unavailable"
+
+
+class SandboxStatus(StrEnum):
+    OK = "ok"  # the program ended by itself (any exit code)
+    TIMEOUT = "timeout"  # wall clock or CPU time
+    MEMORY = "memory"  # allocation failed under the address-space limit
+    OUTPUT_LIMIT = "output_limit"  # stdout/stderr over the cap, or a file over the size limit
+    KILLED = "killed"  # ended by a signal we did not send (segfault, abort, OOM killer)
+    ERROR = "error"  # the sandbox itself failed; says nothing about the program
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 10.0
+    cpu_s: int = 10
+    memory_bytes: int = 1 << 30  # RLIMIT_AS, per process
+    max_procs: int = 16  # RLIMIT_NPROC, counted per sandbox (its own user namespace)
+    file_bytes: int = 16 * _MIB  # RLIMIT_FSIZE
+    output_bytes: int = 16 * _MIB  # stdout kept up to this; either stream past it kills the run
+    stderr_bytes: int = 16 * 1024  # tail of stderr kept
+    tmpfs_bytes: int = 64 * _MIB  # size of /tmp and of the working dir, each
+    open_files: int = 256
+    stack_bytes: int | None = None  # RLIMIT_STACK; None keeps the inherited one
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    status: SandboxStatus
+    exit_code: int | None  # None when ended by a signal
+    stdout: str
+    stderr: str
+    wall_s: float
+    signal: int | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status is SandboxStatus.OK and self.exit_code == 0
+
+
+@dataclass
+class _Run:
+    returncode: int | None
+    stdout: bytes
+    stdout_truncated: bool
+    stderr: bytes
+    stderr_truncated: bool
+    stopped: SandboxStatus | None  # why we killed it; None when it ended by itself
+    started: bool
+    wall_s: float
+
+
+@dataclass
+class _Staged:
+    cwd: str | None
+    fds: tuple[int, ...]
+    names: tuple[str, ...]
