@@ -71,7 +71,7 @@ class GymflowClient:
         self.settings.model_config_for(model)  # fail here, not in a worker, when the model is unknown
         return RolloutInput(run_id=run_id, task=task, sample_index=sample_index, model=model,
                             sampling=sampling or defaults.sampling, max_turns=max_turns or defaults.max_turns,
-                            limits=defaults.limits)
+                            limits=defaults.limits, turns_per_run=defaults.turns_per_run)
 
     async def start_rollout(self, inp: RolloutInput, *, retry_failed: bool = False
                             ) -> tuple[WorkflowHandle[Any, RolloutSummary], Outcome]:

@@ -43,3 +43,21 @@ async def test_unknown_environment_fails_typed(gf, scripted, sql, run_id):
     assert len(scripted.requests) == 0
     assert sql("SELECT status, failure_type FROM rollouts WHERE run_id = %s", run_id) == [
         ("failed", "unknown_environment")]
+
+
+async def test_long_episode_continues_as_new_and_finishes(gf, scripted, sql, run_id):
+    # Three tool turns and an answer, one turn per workflow run: four runs chained by continue-as-new.
+    calls = [tool_call("get_weather", {"city": c}) for c in ("SF", "NYC", "LA")]
+    scripted.script(*calls, text("cold everywhere"))
+    inp = gf.make_input(run_id, weather_task(), 0, "policy").model_copy(update={"turns_per_run": 1})
+    handle, _ = await gf.start_rollout(inp)
+    summary = await gf.result(handle, inp)
+    assert summary.status == "completed" and summary.reward == 1.0
+    assert (summary.turns, summary.tool_calls, summary.attempts) == (4, 3, 4)
+    # every turn saw the whole episode so far: the last request carries all three tool results
+    assert [m["role"] for m in scripted.requests[-1].body["messages"]].count("tool") == 3
+    runs = [w async for w in gf.temporal.list_workflows(f"WorkflowId = '{inp.rollout_id}'")]
+    assert len(runs) == 4
+    assert sum(w.status.name == "CONTINUED_AS_NEW" for w in runs) == 3
+    assert sql("SELECT turns, tool_calls, jsonb_array_length(transcript) FROM rollouts WHERE id = %s",
+               inp.rollout_id) == [(4, 3, 2 + 4 + 3)]

@@ -4,7 +4,7 @@ verify, persist. Activities are named, not imported: this module pulls in nothin
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from gymflow.kernel.errors import ACTIVITY_TIMEOUT
     from gymflow.kernel.wire import (
         ActivityLimits,
-        ChatMessage,
+        EpisodeCheckpoint,
         EpisodeStart,
         GenerateRequest,
         GenerateResult,
@@ -27,7 +27,6 @@ with workflow.unsafe.imports_passed_through():
         SetupRequest,
         ToolRequest,
         ToolResult,
-        Usage,
         VerifyRequest,
     )
 
@@ -61,6 +60,7 @@ class RolloutWorkflow:
     def __init__(self) -> None:
         self._stage = "starting"
         self._turn = 0
+        self._progress: EpisodeCheckpoint | None = None  # the episode so far, kept for failure records
 
     @workflow.query
     def stage(self) -> str:
@@ -72,60 +72,86 @@ class RolloutWorkflow:
 
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutSummary:
-        started = workflow.now()
-        rid = inp.rollout_id
-        env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
-        messages: list[ChatMessage] = []
-        usage, attempts, tool_calls = Usage(), 0, 0
+        ep = inp.checkpoint
+        started = ep.started_at if ep else workflow.now()
         score: Score | None = None
         failure: tuple[str, str] | None = None
         try:
-            self._enter("setup")
-            ep = await workflow.execute_activity(
-                names.SETUP_EPISODE, SetupRequest(rollout_id=rid, run_id=inp.run_id, task=inp.task,
-                                                  sample_index=inp.sample_index, model=inp.model),
-                result_type=EpisodeStart, **env_opts)
-            messages, state = list(ep.messages), ep.state
-            # The run's sampling settings override the dataset row's.
-            sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
-            while self._turn < inp.max_turns:
-                self._enter("generate")
-                gen = await workflow.execute_activity(
-                    names.GENERATE,
-                    GenerateRequest(rollout_id=rid, task_id=inp.task.id, turn=self._turn, model=inp.model,
-                                    messages=tuple(messages), tools=ep.tools, sampling=sampling),
-                    result_type=GenerateResult, **activity_options(inp.limits.generate, names.GENERATE_QUEUE))
-                self._turn += 1
-                messages.append(gen.message)
-                usage, attempts = usage + gen.usage, attempts + gen.attempt
-                if not gen.message.tool_calls:
-                    break
-                self._enter("tools")
-                for call in gen.message.tool_calls:
-                    res = await workflow.execute_activity(
-                        names.CALL_TOOL, ToolRequest(rollout_id=rid, task=inp.task, state=state, call=call),
-                        result_type=ToolResult, **env_opts)
-                    messages.append(res.message)
-                    state, tool_calls = res.state, tool_calls + 1
+            if ep is None:
+                ep = await self._setup(inp, started)
+            ep = await self._turns(inp, ep)
             self._enter("verify")
             score = await workflow.execute_activity(
-                names.VERIFY, VerifyRequest(rollout_id=rid, task=inp.task, model=inp.model,
-                                            messages=tuple(messages), state=state),
-                result_type=Score, **env_opts)
+                names.VERIFY, VerifyRequest(rollout_id=inp.rollout_id, task=inp.task, model=inp.model,
+                                            messages=ep.messages, state=ep.state),
+                result_type=Score, **activity_options(inp.limits.env, names.ENV_QUEUE))
         except ActivityError as err:
             failure = failure_of(err)
+            ep = ep or EpisodeCheckpoint(messages=(), tools=(), started_at=started)
+        return await self._finish(inp, self._progress or ep, score, failure)
 
+    async def _setup(self, inp: RolloutInput, started: datetime) -> EpisodeCheckpoint:
+        self._enter("setup")
+        start = await workflow.execute_activity(
+            names.SETUP_EPISODE, SetupRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task=inp.task,
+                                              sample_index=inp.sample_index, model=inp.model),
+            result_type=EpisodeStart, **activity_options(inp.limits.env, names.ENV_QUEUE))
+        return EpisodeCheckpoint(messages=start.messages, tools=start.tools, state=start.state, started_at=started)
+
+    async def _turns(self, inp: RolloutInput, ep: EpisodeCheckpoint) -> EpisodeCheckpoint:
+        """Generate and run tools until the model stops calling tools or max turns; `_progress` tracks the
+        episode so a failure mid-way still records the transcript so far."""
+        self._turn, self._progress = ep.turn, ep
+        # The run's sampling settings override the dataset row's.
+        sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
+        gen_opts = activity_options(inp.limits.generate, names.GENERATE_QUEUE)
+        env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
+        turns_here = 0
+        while self._turn < inp.max_turns:
+            if turns_here and self._should_continue_as_new(inp, turns_here):
+                # History grows with every turn's transcript; carry the episode into a fresh run.
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(inp.model_copy(update={"checkpoint": self._progress}))
+            self._enter("generate")
+            gen = await workflow.execute_activity(
+                names.GENERATE,
+                GenerateRequest(rollout_id=inp.rollout_id, task_id=inp.task.id, turn=self._turn, model=inp.model,
+                                messages=ep.messages, tools=ep.tools, sampling=sampling),
+                result_type=GenerateResult, **gen_opts)
+            self._turn, turns_here = self._turn + 1, turns_here + 1
+            ep = self._progress = ep.model_copy(update={
+                "messages": (*ep.messages, gen.message), "turn": self._turn, "usage": ep.usage + gen.usage,
+                "attempts": ep.attempts + gen.attempt})
+            if not gen.message.tool_calls:
+                break
+            self._enter("tools")
+            for call in gen.message.tool_calls:
+                res = await workflow.execute_activity(
+                    names.CALL_TOOL, ToolRequest(rollout_id=inp.rollout_id, task=inp.task, state=ep.state, call=call),
+                    result_type=ToolResult, **env_opts)
+                ep = self._progress = ep.model_copy(update={
+                    "messages": (*ep.messages, res.message), "state": res.state, "tool_calls": ep.tool_calls + 1})
+        return ep
+
+    @staticmethod
+    def _should_continue_as_new(inp: RolloutInput, turns_here: int) -> bool:
+        if inp.turns_per_run is not None and turns_here >= inp.turns_per_run:
+            return True
+        return workflow.info().is_continue_as_new_suggested()
+
+    async def _finish(self, inp: RolloutInput, ep: EpisodeCheckpoint, score: Score | None,
+                      failure: tuple[str, str] | None) -> RolloutSummary:
         summary = RolloutSummary(
-            rollout_id=rid, run_id=inp.run_id, task_id=inp.task.id, sample_index=inp.sample_index,
+            rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task.id, sample_index=inp.sample_index,
             status="failed" if failure else "completed", reward=score.reward if score else None,
             masked=bool(score and score.masked), failure_type=failure[0] if failure else (score and score.failure_type),
-            failure_message=failure[1] if failure else None, turns=self._turn, tool_calls=tool_calls,
-            usage=usage, attempts=attempts, latency_s=(workflow.now() - started).total_seconds(),
+            failure_message=failure[1] if failure else None, turns=ep.turn, tool_calls=ep.tool_calls,
+            usage=ep.usage, attempts=ep.attempts, latency_s=(workflow.now() - ep.started_at).total_seconds(),
         )
         self._enter("persist")
         await workflow.execute_activity(
             names.PERSIST_ROLLOUT,
-            RolloutRecord(summary=summary, env=inp.task.env, model=inp.model, transcript=tuple(messages),
+            RolloutRecord(summary=summary, env=inp.task.env, model=inp.model, transcript=ep.messages,
                           score_details=score.details if score else {}),
             **activity_options(inp.limits.persist, names.ENV_QUEUE))
         updates = [names.SA_STATUS.value_set(summary.status)]

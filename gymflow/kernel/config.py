@@ -72,6 +72,8 @@ class PoolsConfig(_Section):
 
 class RolloutDefaults(_Section):
     max_turns: int = Field(8, ge=1)
+    turns_per_run: int | None = Field(
+        None, ge=1, description="Continue a long episode as a new workflow run after this many turns")
     sampling: SamplingParams = SamplingParams()
     limits: RolloutLimits = RolloutLimits()
 

@@ -5,6 +5,7 @@ Everything here must stay small and serialisable; workflows import only this mod
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,6 +102,30 @@ class RolloutLimits(Wire):
     persist: ActivityLimits = ActivityLimits(start_to_close_s=30, schedule_to_close_s=900, max_attempts=20)
 
 
+class Usage(Wire):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class EpisodeCheckpoint(Wire):
+    """Where an episode stood when its workflow continued as new: enough to go on without redoing setup."""
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...]
+    state: JSON = Field(default_factory=dict)
+    turn: int = 0
+    tool_calls: int = 0
+    usage: Usage = Usage()
+    attempts: int = 0
+    started_at: datetime
+
+
 class RolloutInput(Wire):
     run_id: str
     task: Task
@@ -109,6 +134,9 @@ class RolloutInput(Wire):
     sampling: SamplingParams = SamplingParams()
     max_turns: int = 8
     limits: RolloutLimits = RolloutLimits()
+    turns_per_run: int | None = Field(
+        None, description="Continue as new after this many turns; also whenever Temporal suggests it")
+    checkpoint: EpisodeCheckpoint | None = None
 
     @property
     def rollout_id(self) -> str:
@@ -125,17 +153,6 @@ class Score(Wire):
     details: JSON = Field(default_factory=dict)
     masked: bool = Field(False, description="Exclude from training and metrics (e.g. the judge failed)")
     failure_type: str | None = None
-
-
-class Usage(Wire):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-        )
 
 
 RolloutStatus = Literal["running", "completed", "failed"]
