@@ -55,3 +55,10 @@ def test_environment_overrides_addresses():
 def test_empty_variable_means_unset():
     s = settings_from_mapping({"temporal": {"address": "${TEMPORAL_ADDRESS:-}"}}, env={})
     assert s.temporal.address is None
+
+
+def test_example_config_loads():
+    from tests.conftest import ROOT
+
+    s = load_settings(ROOT / "gymflow.example.yaml", env={})
+    assert s.models["policy"].api_key_env == "OPENAI_API_KEY" and s.temporal.address is None

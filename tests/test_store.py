@@ -1,0 +1,31 @@
+"""Persisting is idempotent: a retried or replayed write never duplicates a row or undoes a finish."""
+
+from __future__ import annotations
+
+from gymflow.kernel.store.db import make_engine, make_sessionmaker
+from gymflow.kernel.store.repo import mark_rollout_started, save_generation, save_rollout
+from gymflow.kernel.wire import RolloutRecord, RolloutSummary
+
+
+async def test_writes_are_idempotent(stack, gf, sql, run_id):
+    engine = make_engine(stack.database_url, pool_size=1)
+    sessions = make_sessionmaker(engine)
+    rid = f"{run_id}/t/0"
+    start = dict(rollout_id=rid, run_id=run_id, task_id="t", sample_index=0, env="single_tool", model="policy")
+    done = RolloutRecord(summary=RolloutSummary(rollout_id=rid, run_id=run_id, task_id="t", sample_index=0,
+                                                status="completed", reward=1.0, turns=1),
+                         env="single_tool", model="policy")
+    try:
+        for _ in range(2):  # a retried activity runs its write again
+            async with sessions.begin() as s:
+                await mark_rollout_started(s, **start)
+            async with sessions.begin() as s:
+                await save_generation(s, rollout_id=rid, turn=0, attempt=1, model="policy")
+            async with sessions.begin() as s:
+                await save_rollout(s, done)
+        async with sessions.begin() as s:  # a late, replayed setup must not turn a finished rollout back
+            await mark_rollout_started(s, **start)
+    finally:
+        await engine.dispose()
+    assert sql("SELECT status, reward FROM rollouts WHERE run_id = %s", run_id) == [("completed", 1.0)]
+    assert sql("SELECT count(*) FROM generations WHERE rollout_id = %s", rid) == [(1,)]
