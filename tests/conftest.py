@@ -77,6 +77,7 @@ def config_file(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedOpen
         "policy": {"base_url": scripted.base_url, "model": "scripted-model", "api_key_env": "GYMFLOW_TEST_API_KEY",
                    "request_timeout_s": 20, "logprobs": True},
         "judge": {"base_url": scripted.base_url, "model": "scripted-judge", "request_timeout_s": 20},
+        "vllm": {"base_url": scripted.base_url, "model": "scripted-vllm", "logprobs": True, "return_token_ids": True},
     }
     models.update({recorded_model(folder): {"recorded": str(f)} for folder, f in parity_files.items()})
     path.write_text(yaml.safe_dump({

@@ -39,3 +39,16 @@ async def test_no_tool_call_scores_zero_not_failed(gf, scripted, sql, run_id):
     summary = await gf.run_rollout(gf.make_input(run_id, weather_task(), 0, "policy"))
     assert summary.status == "completed" and summary.reward == 0.0
     assert sql("SELECT reward, turns FROM rollouts WHERE run_id = %s", run_id) == [(0.0, 1)]
+
+
+async def test_token_ids_and_logprobs_stored_per_turn_for_trainers(gf, scripted, sql, run_id):
+    # vLLM's return_token_ids: the trainer gets the exact prompt and generation ids, never re-tokenizes.
+    scripted.script(tool_call("get_weather", {"city": "SF"}, logprobs=True, prompt_tokens=40, completion_tokens=7),
+                    text("cold in SF", logprobs=True, prompt_tokens=60))
+    inp = gf.make_input(run_id, weather_task(), 0, "vllm")
+    assert (await gf.run_rollout(inp)).status == "completed"
+    assert all(r.body.get("return_token_ids") is True and r.body.get("logprobs") is True for r in scripted.requests)
+    rows = sql("SELECT turn, jsonb_array_length(prompt_token_ids), jsonb_array_length(generation_token_ids), "
+               "jsonb_array_length(generation_log_probs), completion_tokens FROM generations "
+               "WHERE rollout_id = %s ORDER BY turn", inp.rollout_id)
+    assert rows == [(0, 40, 7, 7, 7), (1, 60, 3, 3, 3)]

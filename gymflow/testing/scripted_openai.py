@@ -60,7 +60,7 @@ class Seen:
     body: dict[str, Any]
 
 
-def _completion(reply: Reply, model: str) -> dict[str, Any]:
+def _completion(reply: Reply, model: str, token_ids: bool = False) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
     if reply.tool_calls:
         message["tool_calls"] = [
@@ -74,12 +74,15 @@ def _completion(reply: Reply, model: str) -> dict[str, Any]:
     if reply.logprobs:
         choice["logprobs"] = {"content": [{"token": f"t{i}", "logprob": -0.5, "bytes": None, "top_logprobs": []}
                                           for i in range(completion_tokens)]}
-    if reply.token_ids is not None:
-        choice["token_ids"] = reply.token_ids
-    return {"id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [choice],
-            "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": reply.prompt_tokens + completion_tokens}}
+    out: dict[str, Any] = {
+        "id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion", "created": int(time.time()),
+        "model": model, "choices": [choice],
+        "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": reply.prompt_tokens + completion_tokens}}
+    if token_ids or reply.token_ids is not None:  # vLLM's `return_token_ids` response fields
+        choice["token_ids"] = reply.token_ids or list(range(1000, 1000 + completion_tokens))
+        out["prompt_token_ids"] = list(range(reply.prompt_tokens))
+    return out
 
 
 class ScriptedOpenAI:
@@ -153,7 +156,8 @@ class ScriptedOpenAI:
                 if reply.status != 200:
                     self._send(reply.status, {"error": reply.error}, reply.headers)
                 else:
-                    self._send(200, _completion(reply, body.get("model", "scripted")), reply.headers)
+                    completion = _completion(reply, body.get("model", "scripted"), bool(body.get("return_token_ids")))
+                    self._send(200, completion, reply.headers)
 
         return Handler
 
