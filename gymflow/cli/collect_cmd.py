@@ -13,6 +13,7 @@ from gymflow.client import GymflowClient
 from gymflow.kernel.config import Settings
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.wire import SamplingParams
+from workers.health import idle_pools
 
 
 def default_run_id(dataset: str, env: str, model: str, n: int) -> str:
@@ -32,6 +33,9 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str, model: 
         raise click.ClickException(f"{dataset}: no valid rows")
     client = await GymflowClient.connect(settings)
     try:
+        for queue in await idle_pools(client.temporal):
+            console.print(f"[yellow]warning[/yellow]: no worker polls task queue {queue!r}; its rollouts will wait "
+                          "until a worker starts (`gymflow worker --pool ...`) or their timeouts end them")
         await client.record_run(run_id, env=env, model=model, dataset=str(dataset), n=n,
                                 dataset_errors=[str(e) for e in errors])
         tally = Tally(total=len(tasks) * n)

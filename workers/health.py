@@ -1,0 +1,29 @@
+"""Which pools are polling: a collection with no generate worker would otherwise wait in silence."""
+
+from __future__ import annotations
+
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from gymflow.kernel import names
+
+# queue -> the kind of task its pool polls for
+POOL_QUEUES = {
+    names.WORKFLOWS_QUEUE: TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    names.ENV_QUEUE: TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    names.GENERATE_QUEUE: TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+}
+
+
+async def pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) -> int:
+    """How many workers polled `queue` recently (the server remembers pollers for a few minutes)."""
+    resp = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind))
+    return len(resp.pollers)
+
+
+async def idle_pools(client: Client) -> list[str]:
+    """Task queues that no worker polls."""
+    return [q for q, kind in POOL_QUEUES.items() if await pollers(client, q, kind) == 0]
