@@ -8,6 +8,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from gymflow.kernel.config import Settings
 from gymflow.kernel.errors import ConfigError
@@ -33,12 +34,19 @@ def resolve_addresses(settings: Settings) -> tuple[str, str]:
                       f"(it writes {path})")
 
 
-async def connect_temporal(address: str, namespace: str = "default", wait_s: float = 30.0) -> Client:
+def prometheus_runtime(bind: str) -> Runtime:
+    """SDK metrics (task slots, schedule-to-start latency, activity failures) served at http://BIND/metrics."""
+    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind)))
+
+
+async def connect_temporal(address: str, namespace: str = "default", wait_s: float = 30.0,
+                           runtime: Runtime | None = None) -> Client:
     """Connect, retrying for up to `wait_s`: a server that was just started may accept TCP before gRPC."""
     deadline = asyncio.get_running_loop().time() + wait_s
     while True:
         try:
-            return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+            return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter,
+                                        runtime=runtime)
         except RuntimeError:
             if asyncio.get_running_loop().time() >= deadline:
                 raise

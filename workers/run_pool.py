@@ -7,15 +7,16 @@ import logging
 import signal
 
 from gymflow.kernel.config import Settings
-from workers.connect import connect_temporal, resolve_addresses
+from workers.connect import connect_temporal, prometheus_runtime, resolve_addresses
 from workers.pools import Pool, build_pool
 
 log = logging.getLogger("gymflow.worker")
 
 
-async def run_pool(settings: Settings, pool: Pool) -> None:
+async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = None) -> None:
     temporal, database = resolve_addresses(settings)
-    client = await connect_temporal(temporal, settings.temporal.namespace)
+    runtime = prometheus_runtime(metrics_bind) if metrics_bind else None
+    client = await connect_temporal(temporal, settings.temporal.namespace, runtime=runtime)
     built = build_pool(client, settings, pool, database)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -18,13 +18,15 @@ from workers.local_stack import LocalStack
 @click.command()
 @click.option("--pool", type=click.Choice(["workflows", "env", "generate", "all"]), required=True)
 @config_option
+@click.option("--metrics", "metrics_bind", default=None, envvar="GYMFLOW_METRICS_BIND", metavar="HOST:PORT",
+              help="Serve Prometheus metrics (task slots, schedule-to-start latency, failures) at HOST:PORT/metrics.")
 @click.option("-v", "--verbose", is_flag=True)
-def worker(pool: str, config_path: str | None, verbose: bool) -> None:
+def worker(pool: str, config_path: str | None, metrics_bind: str | None, verbose: bool) -> None:
     """Run one worker pool until SIGTERM (in-flight work finishes first)."""
     from workers.run_pool import run_pool
 
     setup_logging(verbose)
-    run(run_pool(settings_or_exit(config_path), pool))  # type: ignore[arg-type]
+    run(run_pool(settings_or_exit(config_path), pool, metrics_bind))  # type: ignore[arg-type]
 
 
 def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subprocess.Popen:
