@@ -33,6 +33,8 @@ async def test_math_wrong_answer_scores_zero_without_failing(gf, scripted, run_i
     scripted.script(text("\\boxed{definitely not it}"))
     summary = await _run(gf, run_id, task)
     assert summary.status == "completed" and summary.masked and summary.reward is None
+    assert summary.failure_type == "judge_failed"
+    assert (await gf.temporal.count_workflows(f"GymflowRun = '{run_id}' AND GymflowStatus = 'masked'")).count == 1
 
 
 async def test_calendar(gf, scripted, run_id):

@@ -154,7 +154,8 @@ class RolloutWorkflow:
             RolloutRecord(summary=summary, env=inp.task.env, model=inp.model, transcript=ep.messages,
                           score_details=score.details if score else {}),
             **activity_options(inp.limits.persist, names.ENV_QUEUE))
-        updates = [names.SA_STATUS.value_set(summary.status)]
+        # "masked" is its own status in the UI, so unscorable episodes are one filter away.
+        updates = [names.SA_STATUS.value_set("masked" if summary.masked else summary.status)]
         if summary.reward is not None:
             updates.append(names.SA_REWARD.value_set(summary.reward))
         workflow.upsert_search_attributes(updates)
