@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+
 import click
 
 from gymflow.cli.collect_cmd import collect
@@ -27,5 +31,24 @@ cli.add_command(data)
 cli.add_command(report)
 cli.add_command(resume)
 
+
+
+def main() -> None:
+    """The `gymflow` entry point. It leaves through `os._exit` once output is flushed: the Temporal SDK's
+    Rust threads can abort CPython's finalisation (temporalio/sdk-python#300), turning a clean exit into
+    SIGABRT; by then every worker has shut down gracefully and every connection is closed."""
+    code = 0
+    try:
+        cli()
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    cli()
+    main()
