@@ -41,3 +41,17 @@ def test_bad_rows_are_reported_and_good_rows_kept(tmp_path):
     assert got == [(2, "invalid JSON"), (3, "responses_create_params.input[0].role"),
                    (4, "responses_create_params.tools[0].name"), (5, "id"), (6, "responses_create_params")]
     assert str(errors[0]).startswith(f"{path}:2: ")
+
+
+def test_rows_route_themselves_unless_an_env_is_given(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"env": "calendar", "responses_create_params": {"input": "a"}}),
+        json.dumps({"env": "single_tool", "responses_create_params": {"input": "b"}}),
+        json.dumps({"responses_create_params": {"input": "c"}}),
+    ]))
+    tasks, errors = load_jsonl(path, env=None)
+    assert [t.env for t in tasks] == ["calendar", "single_tool"]
+    assert [(e.line, e.message.split(":")[0]) for e in errors] == [(3, "env")]
+    tasks, errors = load_jsonl(path, env="single_tool")
+    assert errors == [] and {t.env for t in tasks} == {"single_tool"}

@@ -68,6 +68,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
             client, task_queue=names.ENV_QUEUE,
             activities=[env.setup_episode, env.call_tool, env.verify, persist.persist_rollout],
             activity_executor=ThreadPoolExecutor(concurrency), max_concurrent_activities=concurrency,
+            max_task_queue_activities_per_second=settings.pools.env.rate_limit_per_s,
             graceful_shutdown_timeout=shutdown_grace))
     if "generate" in wanted:
         from activities.generate import GenerateActivities
@@ -76,5 +77,6 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
         out.workers.append(Worker(
             client, task_queue=names.GENERATE_QUEUE, activities=[gen.generate],
             max_concurrent_activities=settings.pools.generate.concurrency,
+            max_task_queue_activities_per_second=settings.pools.generate.rate_limit_per_s,
             graceful_shutdown_timeout=shutdown_grace))
     return out

@@ -16,12 +16,12 @@ from gymflow.kernel.wire import SamplingParams
 from workers.health import idle_pools
 
 
-def default_run_id(dataset: str, env: str, model: str, n: int) -> str:
+def default_run_id(dataset: str, env: str | None, model: str, n: int) -> str:
     """Stable by default, so that running the same command again resumes the same run."""
-    return f"{Path(dataset).stem}-{env}-{model}-n{n}"
+    return f"{Path(dataset).stem}-{env or 'mixed'}-{model}-n{n}"
 
 
-async def collect_dataset(settings: Settings, dataset: str, *, env: str, model: str, n: int, run_id: str,
+async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, model: str, n: int, run_id: str,
                           sampling: SamplingParams | None = None, max_turns: int | None = None,
                           retry_failed: bool = False, max_in_flight: int = 1000,
                           console: Console | None = None) -> Tally:
@@ -36,7 +36,8 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str, model: 
         for queue in await idle_pools(client.temporal):
             console.print(f"[yellow]warning[/yellow]: no worker polls task queue {queue!r}; its rollouts will wait "
                           "until a worker starts (`gymflow worker --pool ...`) or their timeouts end them")
-        await client.record_run(run_id, env=env, model=model, dataset=str(dataset), n=n,
+        envs = env or ",".join(sorted({t.env for t in tasks}))
+        await client.record_run(run_id, env=envs, model=model, dataset=str(dataset), n=n,
                                 dataset_errors=[str(e) for e in errors])
         tally = Tally(total=len(tasks) * n)
         with progress_bar(console) as bar:
@@ -54,7 +55,8 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str, model: 
 
 @click.command()
 @click.argument("dataset", type=click.Path(exists=True, dir_okay=False))
-@click.option("--env", "env_name", required=True, help="Environment name (see `gymflow env list`).")
+@click.option("--env", "env_name", default=None,
+              help="Environment for every row (see `gymflow env list`); default: each row's `env` field.")
 @click.option("--model", default="policy", show_default=True, help="Model name from the config's `models`.")
 @click.option("-n", "--samples", "n", type=click.IntRange(min=1), default=1, show_default=True,
               help="Samples per task (a GRPO group).")
@@ -65,7 +67,7 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str, model: 
 @click.option("--retry-failed", is_flag=True, help="Run again the rollouts of this run that failed.")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=1000, show_default=True)
 @config_option
-def collect(dataset: str, env_name: str, model: str, n: int, run_id: str | None, max_turns: int | None,
+def collect(dataset: str, env_name: str | None, model: str, n: int, run_id: str | None, max_turns: int | None,
             temperature: float | None, max_tokens: int | None, retry_failed: bool, max_in_flight: int,
             config_path: str | None) -> None:
     """Collect rollouts for every task in DATASET (JSONL, NeMo Gym rows load unchanged)."""

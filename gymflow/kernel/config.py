@@ -62,6 +62,9 @@ class DatabaseConfig(_Section):
 
 class PoolConfig(_Section):
     concurrency: int = Field(ge=1)
+    rate_limit_per_s: float | None = Field(
+        None, gt=0, description="Activities started per second across the whole pool (server-enforced), "
+                                "e.g. to stay under a hosted API's rate limit")
 
 
 class PoolsConfig(_Section):

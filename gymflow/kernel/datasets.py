@@ -26,7 +26,8 @@ class DatasetError:
         return f"{self.path}:{self.line}: {self.message}"
 
 
-def row_to_task(row: Any, *, env: str, default_id: str) -> Task:
+def row_to_task(row: Any, *, env: str | None, default_id: str) -> Task:
+    """`env` routes every row when given; otherwise each row names its own in an `env` field."""
     if not isinstance(row, dict):
         raise TaskError("row must be a JSON object")
     if "responses_create_params" in row:
@@ -53,13 +54,15 @@ def row_to_task(row: Any, *, env: str, default_id: str) -> Task:
     task_id = str(row.get("id", default_id))
     if "/" in task_id:
         raise TaskError(f"id: {task_id!r} must not contain '/' (it is part of the workflow id)")
-    row_env = row.get("env") or env
+    row_env = env or row.get("env")
+    if not isinstance(row_env, str) or not row_env:
+        raise TaskError("env: required (route the row with an `env` field, or choose one with --env)")
     data = {k: v for k, v in row.items() if k not in _NOT_VERIFIER_DATA}
     return Task(id=task_id, env=row_env, messages=tuple(messages), tools=tuple(tools), sampling=sampling,
                 data=data)
 
 
-def load_jsonl(path: str | Path, *, env: str) -> tuple[list[Task], list[DatasetError]]:
+def load_jsonl(path: str | Path, *, env: str | None) -> tuple[list[Task], list[DatasetError]]:
     """Parse every line; bad lines become `DatasetError`s (file, line, field) and the rest still load."""
     p = Path(path)
     tasks: list[Task] = []
