@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gymflow.kernel.errors import TaskError
+from gymflow.kernel.errors import TaskError, ToolError
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 
 JSON = dict[str, Any]
@@ -71,8 +71,6 @@ class Environment(ABC, Generic[T]):
 
     async def call_tool(self, data: T, state: JSON, name: str, args: JSON) -> ToolOutput:
         """Run one tool call. Raise `ToolError` for anything the model should see and fix."""
-        from gymflow.kernel.errors import ToolError
-
         raise ToolError(f"unknown tool {name!r}")
 
     @abstractmethod
