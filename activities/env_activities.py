@@ -27,8 +27,14 @@ from gymflow.kernel.wire import (
     VerifyRequest,
 )
 
+# A tool's output goes to the model and into workflow history: cap it, and say so to the model.
+MAX_TOOL_OUTPUT_CHARS = 100_000
+
 
 def _tool_message(req: ToolRequest, content: str) -> ChatMessage:
+    if len(content) > MAX_TOOL_OUTPUT_CHARS:
+        cut = len(content) - MAX_TOOL_OUTPUT_CHARS
+        content = f"{content[:MAX_TOOL_OUTPUT_CHARS]}\n[output truncated: {cut} more characters]"
     return ChatMessage(role="tool", tool_call_id=req.call.id, name=req.call.function.name, content=content)
 
 

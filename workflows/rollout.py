@@ -13,7 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from gymflow.kernel import names
-    from gymflow.kernel.errors import ACTIVITY_TIMEOUT
+    from gymflow.kernel.errors import ACTIVITY_TIMEOUT, TRANSCRIPT_TOO_LARGE
     from gymflow.kernel.wire import (
         ActivityLimits,
         EpisodeCheckpoint,
@@ -55,6 +55,26 @@ def failure_of(err: ActivityError) -> tuple[str, str]:
     return "activity_failed", f"{err.activity_type}: {cause or err}"
 
 
+class TranscriptTooLarge(Exception):
+    """The episode outgrew what one Temporal payload can carry."""
+
+
+def _check_size(ep: EpisodeCheckpoint, limit: int) -> None:
+    size = sum(len(m.model_dump_json(exclude_none=True)) for m in ep.messages)
+    if size > limit:
+        raise TranscriptTooLarge(f"transcript is {size} bytes, over limits.max_transcript_bytes={limit}; "
+                                 "shorten tool outputs or max_turns")
+
+
+def _trim(ep: EpisodeCheckpoint, limit: int) -> EpisodeCheckpoint:
+    """Drop the newest messages until the transcript fits, so the failure itself can still be recorded."""
+    messages = list(ep.messages)
+    size = sum(len(m.model_dump_json(exclude_none=True)) for m in messages)
+    while messages and size > limit:
+        size -= len(messages.pop().model_dump_json(exclude_none=True))
+    return ep.model_copy(update={"messages": tuple(messages)})
+
+
 @workflow.defn(name=names.ROLLOUT_WORKFLOW)
 class RolloutWorkflow:
     def __init__(self) -> None:
@@ -88,6 +108,9 @@ class RolloutWorkflow:
         except ActivityError as err:
             failure = failure_of(err)
             ep = ep or EpisodeCheckpoint(messages=(), tools=(), started_at=started)
+        except TranscriptTooLarge as err:
+            failure = (TRANSCRIPT_TOO_LARGE, str(err))
+            self._progress = _trim(self._progress or ep, inp.limits.max_transcript_bytes)
         return await self._finish(inp, self._progress or ep, score, failure)
 
     async def _setup(self, inp: RolloutInput, started: datetime) -> EpisodeCheckpoint:
@@ -112,6 +135,7 @@ class RolloutWorkflow:
                 # History grows with every turn's transcript; carry the episode into a fresh run.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"checkpoint": self._progress}))
+            _check_size(ep, inp.limits.max_transcript_bytes)
             self._enter("generate")
             gen = await workflow.execute_activity(
                 names.GENERATE,

@@ -100,6 +100,9 @@ class RolloutLimits(Wire):
     )
     env: ActivityLimits = ActivityLimits(start_to_close_s=120, schedule_to_close_s=900, max_attempts=4)
     persist: ActivityLimits = ActivityLimits(start_to_close_s=30, schedule_to_close_s=900, max_attempts=20)
+    # Temporal rejects payloads over 2 MB, and a workflow task that schedules one is retried until the
+    # execution times out: end the episode with a typed failure well before that.
+    max_transcript_bytes: int = 1_500_000
 
 
 class Usage(Wire):
