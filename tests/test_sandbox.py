@@ -264,7 +264,7 @@ async def test_cancelling_a_run_kills_its_sandbox(sb: BubblewrapSandbox) -> None
 
 
 def test_missing_bwrap_is_a_clear_error_unless_opted_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no bwrap on PATH
     monkeypatch.delenv(sandbox_module.UNSAFE_ENV, raising=False)
     with pytest.raises(SandboxUnavailable, match="bubblewrap") as err:
         get_sandbox()

@@ -26,9 +26,6 @@ used only when bwrap is missing and the caller opted in, with `get_sandbox(allow
 
 from __future__ import annotations
 
-# `shutil` stays reachable as `environments.sandbox.shutil` for callers that patch `shutil.which` through it.
-import shutil  # noqa: F401
-
 from environments.sandbox.contract import Sandbox
 from environments.sandbox.runners import BubblewrapSandbox, UnsandboxedRunner, default_python, get_sandbox
 from environments.sandbox.types import (
