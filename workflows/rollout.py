@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from gymflow.kernel.errors import ACTIVITY_TIMEOUT, TRANSCRIPT_TOO_LARGE
     from gymflow.kernel.wire import (
         ActivityLimits,
+        ChatMessage,
         EpisodeCheckpoint,
         EpisodeStart,
         GenerateRequest,
@@ -59,8 +60,12 @@ class TranscriptTooLarge(Exception):
     """The episode outgrew what one Temporal payload can carry."""
 
 
-def _check_size(ep: EpisodeCheckpoint, limit: int) -> None:
-    size = sum(len(m.model_dump_json(exclude_none=True)) for m in ep.messages)
+def _size(message: ChatMessage) -> int:
+    """A message's serialised size: what it adds to every later payload that carries the transcript."""
+    return len(message.model_dump_json(exclude_none=True))
+
+
+def _check_size(size: int, limit: int) -> None:
     if size > limit:
         raise TranscriptTooLarge(f"transcript is {size} bytes, over limits.max_transcript_bytes={limit}; "
                                  "shorten tool outputs or max_turns")
@@ -69,9 +74,9 @@ def _check_size(ep: EpisodeCheckpoint, limit: int) -> None:
 def _trim(ep: EpisodeCheckpoint, limit: int) -> EpisodeCheckpoint:
     """Drop the newest messages until the transcript fits, so the failure itself can still be recorded."""
     messages = list(ep.messages)
-    size = sum(len(m.model_dump_json(exclude_none=True)) for m in messages)
+    size = sum(map(_size, messages))
     while messages and size > limit:
-        size -= len(messages.pop().model_dump_json(exclude_none=True))
+        size -= _size(messages.pop())
     return ep.model_copy(update={"messages": tuple(messages)})
 
 
@@ -130,12 +135,13 @@ class RolloutWorkflow:
         gen_opts = activity_options(inp.limits.generate, names.GENERATE_QUEUE)
         env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
         turns_here = 0
+        size = sum(map(_size, ep.messages))  # kept as messages are added, not re-measured every turn
         while self._turn < inp.max_turns:
             if turns_here and self._should_continue_as_new(inp, turns_here):
                 # History grows with every turn's transcript; carry the episode into a fresh run.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"checkpoint": self._progress}))
-            _check_size(ep, inp.limits.max_transcript_bytes)
+            _check_size(size, inp.limits.max_transcript_bytes)
             self._enter("generate")
             gen = await workflow.execute_activity(
                 names.GENERATE,
@@ -146,6 +152,7 @@ class RolloutWorkflow:
             ep = self._progress = ep.model_copy(update={
                 "messages": (*ep.messages, gen.message), "turn": self._turn, "usage": ep.usage + gen.usage,
                 "attempts": ep.attempts + gen.attempt})
+            size += _size(gen.message)
             if not gen.message.tool_calls:
                 break
             self._enter("tools")
@@ -155,6 +162,7 @@ class RolloutWorkflow:
                     result_type=ToolResult, **env_opts)
                 ep = self._progress = ep.model_copy(update={
                     "messages": (*ep.messages, res.message), "state": res.state, "tool_calls": ep.tool_calls + 1})
+                size += _size(res.message)
         return ep
 
     @staticmethod
