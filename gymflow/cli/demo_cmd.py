@@ -13,9 +13,8 @@ from rich.console import Console
 
 from gymflow.cli.collect_cmd import collect_dataset
 from gymflow.cli.common import config_option, settings_or_exit, setup_logging
-from gymflow.cli.stack_cmd import spawn_pool, start_stack
+from gymflow.cli.stack_cmd import spawn_pool, start_stack, stop_all
 from gymflow.kernel.config import ModelConfig, Settings
-from workers.connect import stack_file
 
 EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared/data/nemo_gym/example_single_tool_call/example.jsonl"
 NO_MODEL = (
@@ -90,11 +89,6 @@ def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_nam
         console.print(f"results are in Postgres: {addr.database_url} (tables runs, rollouts, generations; "
                       "views run_scores, failure_counts, latency_percentiles)")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=40)
-        stack_file(settings).unlink(missing_ok=True)
-        stack.stop()
+        stop_all(procs, stack, settings)
     if tally.failed:
         raise SystemExit(1)

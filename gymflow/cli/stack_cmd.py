@@ -47,13 +47,27 @@ def start_stack(settings: Settings, headless: bool = False) -> LocalStack:
     return stack
 
 
+def stop_all(procs: list[subprocess.Popen], stack: LocalStack, settings: Settings) -> None:
+    """Pools first (SIGTERM lets in-flight work finish; kill after 40 s), then what the stack started."""
+    from workers.connect import stack_file
+
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    stack_file(settings).unlink(missing_ok=True)
+    stack.stop()
+
+
 @click.command()
 @config_option
 @click.option("--pools", default="workflows,env,generate", show_default=True,
               help="Comma-separated pools to run as worker processes ('' for none).")
 def up(config_path: str | None, pools: str) -> None:
     """Start the embedded stack (Temporal dev server, Postgres) and the worker pools; Ctrl-C stops all."""
-    from workers.connect import stack_file
 
     setup_logging(False)
     settings = settings_or_exit(config_path)
@@ -87,13 +101,5 @@ def up(config_path: str | None, pools: str) -> None:
                     click.echo(f"pool {p} exited with {proc.returncode}; restarting", err=True)
                     procs[p] = spawn_pool(p, env, config_path)
     finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        stack_file(settings).unlink(missing_ok=True)
-        stack.stop()
+        stop_all(list(procs.values()), stack, settings)
         click.echo("stopped")
