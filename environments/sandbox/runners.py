@@ -96,6 +96,12 @@ class BubblewrapSandbox(Sandbox):
                 "--", self.prlimit, *_prlimit_args(limits, nproc=True), "--",
                 self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd)]
 
+    def _env(self, staged: _Staged) -> dict[str, str] | None:
+        # bwrap's own environment, not the program's (that is --clearenv/--setenv). It must be empty: bwrap
+        # forks the pid namespace's init from itself, and its /proc/1/environ is readable from inside. An
+        # inherited environment there handed the worker's API keys and DATABASE_URL to any program.
+        return {}
+
     def _user(self) -> int | None:
         return self.run_as_uid
 
