@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+from gymflow.kernel.failures import (  # noqa: F401 - the failure type names, re-exported
+    ACTIVITY_TIMEOUT,
+    BAD_TASK,
+    CONFIG_ERROR,
+    CONTEXT_LENGTH,
+    ENVIRONMENT_ERROR,
+    INTERNAL_ERROR,
+    MODEL_AUTH,
+    MODEL_BAD_REQUEST,
+    MODEL_BAD_RESPONSE,
+    MODEL_UNAVAILABLE,
+    RATE_LIMITED,
+    STORE_UNAVAILABLE,
+    TRANSCRIPT_TOO_LARGE,
+    UNKNOWN_ENV,
+    UNKNOWN_MODEL,
+    VERIFIER_FAILED,
+)
+
 
 class ToolError(Exception):
     """Raised by an environment tool; goes back to the model as a tool message. The episode goes on."""
@@ -10,7 +29,7 @@ class ToolError(Exception):
 class GymflowError(Exception):
     """A deterministic failure with a stable `failure_type`; never retried."""
 
-    failure_type = "gymflow_error"
+    failure_type = INTERNAL_ERROR  # subclasses and callers name a type from gymflow/kernel/failures.py
 
     def __init__(self, message: str, *, failure_type: str | None = None) -> None:
         super().__init__(message)
@@ -19,28 +38,16 @@ class GymflowError(Exception):
 
 
 class ConfigError(GymflowError):
-    failure_type = "config_error"
+    failure_type = CONFIG_ERROR
 
 
 class TaskError(GymflowError):
     """A dataset row that does not fit the environment's task type."""
 
-    failure_type = "bad_task"
+    failure_type = BAD_TASK
 
 
 class VerifierError(GymflowError):
     """The verifier (or its judge) could not score: the rollout is masked, never scored 0."""
 
-    failure_type = "verifier_failed"
-
-
-# Failure types the workflow records; kept as constants so SQL users can rely on them.
-CONTEXT_LENGTH = "context_length_exceeded"
-MODEL_BAD_REQUEST = "model_bad_request"
-MODEL_AUTH = "model_auth_failed"
-MODEL_UNAVAILABLE = "model_unavailable"
-RATE_LIMITED = "rate_limited"
-ACTIVITY_TIMEOUT = "activity_timeout"
-UNKNOWN_ENV = "unknown_environment"
-UNKNOWN_MODEL = "unknown_model"
-TRANSCRIPT_TOO_LARGE = "transcript_too_large"
+    failure_type = VERIFIER_FAILED
