@@ -9,13 +9,14 @@ from typing import Any
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 
-from activities.boundary import boundary
+from activities.boundary import boundary, heartbeating, retry_store
 from activities.model_client import ModelClients
 from activities.recorded import RecordedJudge, recorded
 from environments.base import ChatFn, VerifyContext
 from environments.registry import get_environment
 from gymflow.kernel import names
 from gymflow.kernel.errors import ToolError, VerifierError
+from gymflow.kernel.failures import known
 from gymflow.kernel.store.repo import mark_rollout_started
 from gymflow.kernel.wire import (
     ChatMessage,
@@ -74,40 +75,49 @@ class EnvActivities:
     @activity.defn(name=names.SETUP_EPISODE)
     async def setup_episode(self, req: SetupRequest) -> EpisodeStart:
         with boundary():
-            env = get_environment(req.task.env)
-            data = env.parse_task(req.task)
-            start = EpisodeStart(messages=tuple(env.initial_messages(req.task, data)),
-                                 tools=tuple(env.tools(req.task, data)), state=env.setup(req.task, data))
-        async with self._sessions.begin() as session:
-            await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
-                                       task_id=req.task.id, sample_index=req.sample_index, env=req.task.env,
-                                       model=req.model)
-        return start
+            with boundary("environment", f"{req.task.env} setup"):
+                env = get_environment(req.task.env)
+                data = env.parse_task(req.task)
+                start = EpisodeStart(messages=tuple(env.initial_messages(req.task, data)),
+                                     tools=tuple(env.tools(req.task, data)), state=env.setup(req.task, data))
+
+            async def write() -> None:
+                async with self._sessions.begin() as session:
+                    await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
+                                               task_id=req.task.id, sample_index=req.sample_index,
+                                               env=req.task.env, model=req.model)
+
+            await retry_store(write, "marking the rollout started")
+            return start
 
     @activity.defn(name=names.CALL_TOOL)
     async def call_tool(self, req: ToolRequest) -> ToolResult:
-        with boundary():
+        name = req.call.function.name
+        with boundary("environment", f"{req.task.env} tool {name[:80]!r}"):
             env = get_environment(req.task.env)
             data = env.parse_task(req.task)
-        known = {t.name for t in env.tools(req.task, data)}
-        name = req.call.function.name
-        try:
-            if name not in known:
-                raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(known)) or 'none'}")
-            out = await env.call_tool(data, dict(req.state), name, _parse_arguments(req.call.function.arguments))
-        except ToolError as e:
-            return ToolResult(message=_tool_message(req, f"Error: {e}"), state=req.state, is_error=True)
-        return ToolResult(message=_tool_message(req, out.content), state=out.state)
+            available = {t.name for t in env.tools(req.task, data)}
+            try:
+                if name not in available:
+                    raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(available)) or 'none'}")
+                args = _parse_arguments(req.call.function.arguments)
+                # Heartbeat while the tool runs: a killed env worker is noticed at the heartbeat timeout.
+                out = await heartbeating(env.call_tool(data, dict(req.state), name, args))
+            except ToolError as e:
+                return ToolResult(message=_tool_message(req, f"Error: {e}"), state=req.state, is_error=True)
+            return ToolResult(message=_tool_message(req, out.content), state=out.state)
 
     @activity.defn(name=names.VERIFY)
     async def verify(self, req: VerifyRequest) -> Score:
-        with boundary():
+        with boundary("environment", f"{req.task.env} verify"):
             env = get_environment(req.task.env)
             data = env.parse_task(req.task)
-        ctx = VerifyContext(policy_model=req.model, chat=self._judge_chat(req.task.id),
-                            options=dict(self._env_options.get(req.task.env, {})))
-        try:
-            return await env.verify(data, req.messages, req.state, ctx)
-        except VerifierError as e:
-            # Unscorable is not wrong: mask it so it never trains or counts as a 0.
-            return Score(reward=None, masked=True, failure_type=e.failure_type, details={"error": str(e)})
+            ctx = VerifyContext(policy_model=req.model, chat=self._judge_chat(req.task.id),
+                                options=dict(self._env_options.get(req.task.env, {})))
+            try:
+                # code_gen's verify runs programs for tens of seconds: heartbeat throughout.
+                return await heartbeating(env.verify(data, req.messages, req.state, ctx))
+            except VerifierError as e:
+                # Unscorable is not wrong: mask it so it never trains or counts as a 0.
+                return Score(reward=None, masked=True, failure_type=known(e.failure_type),
+                             details={"error": str(e)})

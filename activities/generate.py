@@ -6,19 +6,20 @@ the assistant message and usage.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
-import openai
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from activities.boundary import boundary
-from activities.model_client import ModelClients, classify
+from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
+from activities.model_client import Completion, CompletionChoice, CompletionMessage, ModelClients, bad_response
 from activities.recorded import recorded
 from gymflow.kernel import names
 from gymflow.kernel.config import ModelConfig
+from gymflow.kernel.failures import short_message
 from gymflow.kernel.store.repo import save_generation
 from gymflow.kernel.wire import ChatMessage, FunctionCall, GenerateRequest, GenerateResult, ToolCall, Usage
 
@@ -43,58 +44,56 @@ def _request_body(cfg: ModelConfig, req: GenerateRequest) -> dict[str, Any]:
     return body
 
 
-def _to_message(msg: Any) -> ChatMessage:
+def _to_message(msg: CompletionMessage) -> ChatMessage:
     calls = tuple(
         ToolCall(id=c.id or f"call_{i}", function=FunctionCall(name=c.function.name,
                                                                arguments=c.function.arguments or ""))
         for i, c in enumerate(msg.tool_calls or ())
     ) or None
-    reasoning = getattr(msg, "reasoning_content", None) or getattr(msg, "reasoning", None)
+    reasoning = msg.reasoning_content or msg.reasoning
     return ChatMessage(role="assistant", content=msg.content, tool_calls=calls,
                        reasoning_content=reasoning if isinstance(reasoning, str) else None)
 
 
-def _token_data(resp: Any, choice: Any) -> dict[str, Any]:
+def _token_data(resp: Completion, choice: CompletionChoice) -> dict[str, Any]:
     logprobs = None
     if choice.logprobs is not None and choice.logprobs.content is not None:
         logprobs = [t.logprob for t in choice.logprobs.content]
-    extra = resp.model_extra or {}
     return {
-        "prompt_token_ids": extra.get("prompt_token_ids") or (choice.model_extra or {}).get("prompt_token_ids"),
-        "generation_token_ids": (choice.model_extra or {}).get("token_ids"),
+        "prompt_token_ids": resp.prompt_token_ids or choice.prompt_token_ids,
+        "generation_token_ids": choice.token_ids,
         "generation_log_probs": logprobs,
     }
 
 
 class GenerateActivities:
-    def __init__(self, models: ModelClients, sessions: async_sessionmaker) -> None:
+    def __init__(self, models: ModelClients, sessions: async_sessionmaker,
+                 store_retry_s: float = STORE_RETRY_S) -> None:
         self._models = models
         self._sessions = sessions
-
-    async def _call_with_heartbeats(self, req: GenerateRequest, body: dict[str, Any]) -> Any:
-        hb = activity.info().heartbeat_timeout
-        every = min(hb.total_seconds() / 3, 5.0) if hb else 5.0
-        call = asyncio.ensure_future(self._models.client(req.model).chat.completions.create(**body))
-        try:
-            while True:
-                done, _ = await asyncio.wait({call}, timeout=every)
-                if done:
-                    return call.result()
-                activity.heartbeat(req.turn)
-        finally:
-            call.cancel()
+        self.store_retry_s = store_retry_s
 
     async def _replay(self, cfg: ModelConfig, req: GenerateRequest, attempt: int) -> GenerateResult:
         assert cfg.recorded is not None
-        with boundary():
-            message = recorded(cfg.recorded).turn(req.task_id, req.turn)
-        async with self._sessions.begin() as session:
-            await save_generation(session, rollout_id=req.rollout_id, turn=req.turn, attempt=attempt, model=req.model,
-                                  finish_reason="recorded", message=message.model_dump(exclude_none=True))
+        message = recorded(cfg.recorded).turn(req.task_id, req.turn)
+        await self._save(req, dict(attempt=attempt, model=req.model, finish_reason="recorded",
+                                   message=message.model_dump(exclude_none=True)))
         return GenerateResult(message=message, finish_reason="recorded", attempt=attempt)
+
+    async def _save(self, req: GenerateRequest, values: dict[str, Any]) -> None:
+        """Write the turn's generation. The model call is paid for: retry the write here, never the call."""
+        async def write() -> None:
+            async with self._sessions.begin() as session:
+                await save_generation(session, rollout_id=req.rollout_id, turn=req.turn, **values)
+
+        await retry_store(write, f"saving generation turn {req.turn}", req.turn, budget_s=self.store_retry_s)
 
     @activity.defn(name=names.GENERATE)
     async def generate(self, req: GenerateRequest) -> GenerateResult:
+        with boundary(where=f"generate turn {req.turn}"):
+            return await self._generate(req)
+
+    async def _generate(self, req: GenerateRequest) -> GenerateResult:
         cfg = self._models.config(req.model)
         attempt = activity.info().attempt
         if cfg.recorded:
@@ -102,19 +101,19 @@ class GenerateActivities:
         started = time.monotonic()
         async with self._models.limit(req.model):
             try:
-                resp = await self._call_with_heartbeats(req, _request_body(cfg, req))
-            except openai.OpenAIError as e:
-                activity.logger.warning("generation failed: %s", type(e).__name__)
-                raise classify(e, req.model) from None
+                resp = await heartbeating(self._models.create(req.model, _request_body(cfg, req)), req.turn)
+            except ApplicationError as e:
+                activity.logger.warning("generation failed: %s", e.type)
+                raise
         choice = resp.choices[0]
-        message = _to_message(choice.message)
-        usage = Usage(prompt_tokens=resp.usage.prompt_tokens if resp.usage else 0,
-                      completion_tokens=resp.usage.completion_tokens if resp.usage else 0)
-        async with self._sessions.begin() as session:
-            await save_generation(
-                session, rollout_id=req.rollout_id, turn=req.turn, attempt=attempt, model=req.model,
-                finish_reason=choice.finish_reason, prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens, latency_s=time.monotonic() - started,
-                message=message.model_dump(exclude_none=True), **_token_data(resp, choice),
-            )
+        try:
+            message = _to_message(choice.message)
+        except ValidationError as e:  # e.g. a tool call id or name our wire types refuse
+            raise bad_response(req.model, short_message(e, 200)) from None
+        usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
+                      completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
+        await self._save(req, dict(
+            attempt=attempt, model=req.model, finish_reason=choice.finish_reason, prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens, latency_s=time.monotonic() - started,
+            message=message.model_dump(exclude_none=True), **_token_data(resp, choice)))
         return GenerateResult(message=message, finish_reason=choice.finish_reason, usage=usage, attempt=attempt)

@@ -7,18 +7,23 @@ environment variable the config names; they never enter a payload, a log line or
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
 from time import time
+from typing import Any
 
 import openai
 from openai import AsyncOpenAI
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio.exceptions import ApplicationError
 
 from gymflow.kernel import errors
 from gymflow.kernel.config import ModelConfig
+from gymflow.kernel.failures import short_message
 from gymflow.kernel.wire import ChatMessage
 
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens",
@@ -48,6 +53,96 @@ def is_context_length_error(err: openai.APIStatusError) -> bool:
     return any(m in text for m in _CONTEXT_MARKERS)
 
 
+class _Lax(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Function(_Lax):
+    name: str
+    arguments: str | None = None
+
+
+class _Call(_Lax):
+    id: str | None = None
+    function: _Function
+
+
+class CompletionMessage(_Lax):
+    content: str | None = None
+    tool_calls: list[_Call] | None = None
+    reasoning_content: Any = None
+    reasoning: Any = None
+
+
+class _Token(_Lax):
+    logprob: float
+
+
+class _Logprobs(_Lax):
+    content: list[_Token] | None = None
+
+
+class CompletionChoice(_Lax):
+    message: CompletionMessage
+    finish_reason: str | None = None
+    logprobs: _Logprobs | None = None
+    token_ids: list[int] | None = None  # vLLM `return_token_ids`
+    prompt_token_ids: list[int] | None = None
+
+
+class _Usage(_Lax):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class Completion(_Lax):
+    """The part of a Chat Completions response that gymflow reads, validated before anything uses it."""
+
+    choices: list[CompletionChoice] = Field(min_length=1)
+    usage: _Usage | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+def bad_response(model: str, why: str) -> ApplicationError:
+    # Retryable: a proxy's error page or an overloaded server may answer properly next time; the activity's
+    # retry policy bounds it.
+    return ApplicationError(short_message(f"{model}: the endpoint answered 200 without a usable chat completion "
+                                          f"({why})"), type=errors.MODEL_BAD_RESPONSE)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_surrogates(value: Any) -> Any:
+    """A lone surrogate (a JSON escape like \\ud800) cannot be encoded as UTF-8: no payload or row could carry
+    it. Replace it with U+FFFD, as a decoder would."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_no_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_no_surrogates(k): _no_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def parse_completion(body: bytes, content_type: str, model: str) -> Completion:
+    """Validate a 200 response body; anything that is not a chat completion is `model_bad_response`."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        kind = content_type.split(";")[0].strip() or "no content type"
+        raise bad_response(model, f"{kind} body that is not JSON: {body[:80]!r}") from None
+    if b"\\ud" in body.lower():
+        data = _no_surrogates(data)
+    try:
+        return Completion.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        msg = re.sub(r" or instance of \w+", "", first["msg"])  # our private model names mean nothing to a user
+        raise bad_response(model, f"{where}: {msg}") from None
+
+
 def classify(err: Exception, model: str) -> ApplicationError:
     """One place that decides: deterministic (non-retryable, typed) or transient (retry, maybe delayed)."""
     if isinstance(err, openai.RateLimitError):
@@ -69,7 +164,9 @@ def classify(err: Exception, model: str) -> ApplicationError:
         return ApplicationError(f"{model}: request timed out", type=errors.MODEL_UNAVAILABLE)
     if isinstance(err, openai.APIConnectionError):
         return ApplicationError(f"{model}: connection failed", type=errors.MODEL_UNAVAILABLE)
-    return ApplicationError(f"{model}: {type(err).__name__}: {err}", type=errors.MODEL_UNAVAILABLE)
+    if isinstance(err, (openai.APIResponseValidationError, ValueError)):  # incl. JSON errors of a 200 body
+        return bad_response(model, short_message(err, 200))
+    return ApplicationError(short_message(f"{model}: {type(err).__name__}: {err}"), type=errors.MODEL_UNAVAILABLE)
 
 
 class ModelClients:
@@ -101,15 +198,20 @@ class ModelClients:
             self._limits[name] = asyncio.Semaphore(self.config(name).concurrency)
         return self._limits[name]
 
+    async def create(self, name: str, body: dict[str, Any]) -> Completion:
+        """One Chat Completions call, validated. Raises ApplicationError classified by `classify`."""
+        try:
+            raw = await self.client(name).chat.completions.with_raw_response.create(**body)
+            http = raw.http_response
+            return parse_completion(http.content, http.headers.get("content-type", ""), name)
+        except (openai.OpenAIError, ValueError) as e:
+            raise classify(e, name) from None
+
     async def chat(self, name: str, messages: Sequence[ChatMessage]) -> str:
         """Plain text completion, for judges. Raises ApplicationError classified like generation."""
         cfg = self.config(name)
         async with self.limit(name):
-            try:
-                resp = await self.client(name).chat.completions.create(
-                    model=cfg.model, messages=[m.to_openai() for m in messages])  # type: ignore[misc]
-            except openai.OpenAIError as e:
-                raise classify(e, name) from None
+            resp = await self.create(name, {"model": cfg.model, "messages": [m.to_openai() for m in messages]})
         return resp.choices[0].message.content or ""
 
     async def close(self) -> None:

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gymflow.kernel.errors import GymflowError
+from gymflow.kernel.failures import RECORDING_EXHAUSTED
 from gymflow.kernel.wire import ChatMessage, FunctionCall, ToolCall
-
-RECORDING_EXHAUSTED = "recording_exhausted"
 
 
 def _output_text(item: dict[str, Any]) -> str:

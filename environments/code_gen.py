@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import json
 import math
 import os
@@ -43,14 +44,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
 from environments.sandbox import Limits, Sandbox, SandboxResult, SandboxStatus, SandboxUnavailable, get_sandbox
 from gymflow.kernel.errors import VerifierError
+from gymflow.kernel.failures import SANDBOX_UNAVAILABLE
+from gymflow.kernel.limits import MAX_DECOMPRESSED_BYTES, MAX_UNIT_TEST_BYTES, MAX_UNIT_TESTS
 from gymflow.kernel.wire import ChatMessage, Score
 
 WRONG_ANSWER, TIME_LIMIT, RUNTIME_ERROR = -2, -3, -4
 FLOAT_TOLERANCE = Decimal("1e-6")
 _TRUNCATE = 300  # LiveCodeBench's truncatefn length for the metadata it reports
 _CODE_KEEP = 20_000  # extracted code kept in details
-# LiveCodeBench raises the stack limit to 4 GB for deep recursion. Set before exec it would also become
-# glibc's default thread stack size, and a thread could not start under the address-space limit.
+# LiveCodeBench raises the stack limit to 4 GB for deep recursion. This is the main thread's; new threads
+# get the sandbox's small `thread_stack_bytes`, so 64 of them fit under the address-space limit.
 _STACK_BYTES = 512 << 20
 
 # Runs inside the sandbox as main.py; the model's code is solution.py beside it. The wrapping is
@@ -122,15 +125,15 @@ class UnitTests(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    inputs: tuple[str, ...] = Field(min_length=1)
-    outputs: tuple[str, ...]
+    inputs: tuple[str, ...] = Field(min_length=1, max_length=MAX_UNIT_TESTS)
+    outputs: tuple[str, ...] = Field(max_length=MAX_UNIT_TESTS)
     fn_name: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _unpack(cls, value: Any) -> Any:
         if isinstance(value, dict) and "packed" in value:
-            decoded = json.loads(zlib.decompress(base64.b64decode(value["packed"])))
+            decoded = unpack_tests(value["packed"])
             return {"inputs": decoded["inputs"], "outputs": decoded["outputs"], "fn_name": value.get("fn_name")}
         return value
 
@@ -138,9 +141,41 @@ class UnitTests(BaseModel):
     def _stdio_pairs(self) -> UnitTests:
         if len(self.inputs) != len(self.outputs):
             raise ValueError(f"{len(self.inputs)} inputs but {len(self.outputs)} outputs")
+        for kind, texts in (("inputs", self.inputs), ("outputs", self.outputs)):
+            for i, text in enumerate(texts):
+                if len(text) > MAX_UNIT_TEST_BYTES // 4 and len(text.encode()) > MAX_UNIT_TEST_BYTES:
+                    raise ValueError(f"{kind}[{i}]: over {MAX_UNIT_TEST_BYTES >> 20} MiB")
         if self.fn_name is not None:
             raise ValueError("call-based tests (fn_name) are not supported; only stdin/stdout tests")
         return self
+
+
+def unpack_tests(packed: Any) -> dict[str, Any]:
+    """NeMo Gym's `packed` tests: JSON, zlib-compressed, base64-encoded. A row is hostile input: every step is
+    bounded (a 1.4 MB zip bomb once took an env worker to 3.8 GB) and fails as a ValueError, which pydantic
+    turns into a `bad_task` naming the field."""
+    if not isinstance(packed, str):
+        raise ValueError("packed: expected a base64 string")
+    try:
+        compressed = base64.b64decode("".join(packed.split()), validate=True)  # line breaks are fine, junk not
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"packed: not base64 ({e})") from None
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(compressed, MAX_DECOMPRESSED_BYTES)
+    except zlib.error as e:
+        raise ValueError(f"packed: not zlib data ({e})") from None
+    if not inflater.eof:
+        if len(raw) >= MAX_DECOMPRESSED_BYTES:
+            raise ValueError(f"packed: decompresses to over {MAX_DECOMPRESSED_BYTES >> 20} MiB")
+        raise ValueError("packed: truncated zlib data")
+    try:
+        decoded = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"packed: not JSON ({str(e)[:200]})") from None
+    if not isinstance(decoded, dict) or "inputs" not in decoded or "outputs" not in decoded:
+        raise ValueError("packed: expected a JSON object with `inputs` and `outputs`")
+    return decoded
 
 
 class VerifierMetadata(BaseModel):
@@ -213,7 +248,7 @@ class CodeGenEnvironment(Environment[CodeGenTask]):
                 self._sandbox = get_sandbox()
             await self._sandbox.check()
         except SandboxUnavailable as err:
-            raise VerifierError(f"code_gen cannot run code: {err}") from err
+            raise VerifierError(f"code_gen cannot run code: {err}", failure_type=SANDBOX_UNAVAILABLE) from err
         return self._sandbox
 
     async def _run_tests(self, sandbox: Sandbox, code: str, tests: UnitTests) -> list[TestOutcome]:
@@ -238,7 +273,11 @@ class CodeGenEnvironment(Environment[CodeGenTask]):
         return outcomes
 
     async def _run_test(self, sandbox: Sandbox, code: str, index: int, stdin: str, expected: str) -> TestOutcome:
-        result = await sandbox.run_python(_HARNESS, stdin, files={"solution.py": code}, limits=self._limits(expected))
+        try:
+            result = await sandbox.run_python(_HARNESS, stdin, files={"solution.py": code},
+                                              limits=self._limits(expected))
+        except SandboxUnavailable as err:  # e.g. its cgroup could not be made: no verdict, so masked
+            raise VerifierError(f"code_gen cannot run code: {err}", failure_type=SANDBOX_UNAVAILABLE) from err
         if result.status is SandboxStatus.ERROR:
             raise VerifierError(f"code_gen sandbox failed on test {index}: {result.stderr.strip()[-500:]}")
         verdict, failure = judge(result, stdin, expected)
@@ -247,7 +286,7 @@ class CodeGenEnvironment(Environment[CodeGenTask]):
     def _limits(self, expected: str) -> Limits:
         # Output room: twice the expected answer plus 8 MiB; a longer output cannot be a right one in practice.
         return Limits(wall_s=self.timeout_s + 0.5, cpu_s=math.ceil(self.timeout_s) + 1, memory_bytes=self.memory_bytes,
-                      stack_bytes=_STACK_BYTES, output_bytes=2 * len(expected.encode()) + (8 << 20), max_procs=32)
+                      stack_bytes=_STACK_BYTES, output_bytes=2 * len(expected.encode()) + (8 << 20), max_procs=128)
 
     def _semaphore(self) -> asyncio.Semaphore:
         # One per event loop: an asyncio.Semaphore binds to the loop that first waits on it.

@@ -30,12 +30,11 @@ from typing import Any
 
 from environments.base import ChatFn, Environment, TaskData, VerifyContext, final_assistant_text
 from gymflow.kernel.errors import GymflowError, VerifierError
+from gymflow.kernel.failures import JUDGE_FAILED, JUDGE_UNAVAILABLE
 from gymflow.kernel.wire import ChatMessage, Score, Task
 
 JSON = dict[str, Any]
 
-JUDGE_FAILED = "judge_failed"
-JUDGE_UNAVAILABLE = "judge_unavailable"
 
 # NeMo Gym's judge messages (adapted there from Arena Hard); reproduced verbatim so verdicts compare.
 JUDGE_SYSTEM_MESSAGE = """Please act as an impartial judge and evaluate the equivalence of the solutions given by two AI assistants to the mathematical problem displayed below. You will be given AI assistant A's answer and AI assistant B's answer. Your job is to evaluate whether assistant A's answer is equivalent to assistant B's answer.

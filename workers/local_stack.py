@@ -132,6 +132,21 @@ class LocalStack:
             self._temporal.wait(timeout=10)
         self._temporal = None
 
+    def kill_temporal(self) -> None:
+        """SIGKILL the dev server this stack started (a crash, for tests); its state file stays."""
+        if self._temporal is None:
+            raise RuntimeError("this stack did not start a Temporal server")
+        self._temporal.kill()
+        self._temporal.wait(timeout=10)
+        self._temporal = None
+
+    def restart_temporal(self) -> str:
+        """Start the dev server again on the same port and state file (after `kill_temporal` or a crash)."""
+        if self._temporal_address:
+            raise RuntimeError("Temporal is configured (TEMPORAL_ADDRESS), not started by this stack")
+        self._stop_temporal()
+        return self._start_temporal()
+
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> StackAddresses:
         try:

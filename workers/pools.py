@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
     if "env" in wanted:
         from activities.env_activities import EnvActivities
         from activities.persist import PersistActivities
+        from environments.sandbox import describe_limits
+
+        logging.getLogger(__name__).info("env pool: %s", describe_limits())  # what binds code_gen's programs
 
         env = EnvActivities(sessions, models, settings.environments)
         persist = PersistActivities(sessions)

@@ -6,22 +6,46 @@ import asyncio
 import logging
 import signal
 
+from temporalio.client import Client
+
 from gymflow.kernel.config import Settings
-from workers.connect import connect_temporal, prometheus_runtime, resolve_addresses
+from gymflow.kernel.store.db import migrate_when_reachable
+from workers.connect import connect_temporal, prometheus_runtime, resolve_addresses, startup_wait_s
 from workers.pools import Pool, build_pool
 
 log = logging.getLogger("gymflow.worker")
 
 
-async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = None) -> None:
+async def _dependencies(settings: Settings, pool: Pool, metrics_bind: str | None) -> tuple[Client, str]:
+    """Wait (bounded) for Postgres, when the pool writes to it, and for Temporal: a worker may start first."""
     temporal, database = resolve_addresses(settings)
+    wait_s = startup_wait_s()
+    if pool != "workflows":
+        # Migrations run here, with retries, so build_pool's own migrate finds the schema at head.
+        await migrate_when_reachable(database, wait_s=wait_s, on_wait=log.warning)
     runtime = prometheus_runtime(metrics_bind) if metrics_bind else None
-    client = await connect_temporal(temporal, settings.temporal.namespace, runtime=runtime)
-    built = build_pool(client, settings, pool, database)
+    client = await connect_temporal(temporal, settings.temporal.namespace, wait_s=wait_s, runtime=runtime,
+                                    on_wait=log.warning)
+    return client, database
+
+
+async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # SIGTERM while still waiting for Postgres or Temporal stops the wait instead of being ignored.
+    starting = asyncio.create_task(_dependencies(settings, pool, metrics_bind))
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([starting, stopper], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        log.info("pool %s stopped before it started", pool)
+        return
+    stopper.cancel()
+    client, database = starting.result()
+    built = build_pool(client, settings, pool, database)
     log.info("pool %s polling %s", pool, ", ".join(w.task_queue for w in built.workers))
     try:
         runs = [asyncio.create_task(w.run()) for w in built.workers]

@@ -13,7 +13,14 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from gymflow.kernel import names
-    from gymflow.kernel.errors import ACTIVITY_TIMEOUT, TRANSCRIPT_TOO_LARGE
+    from gymflow.kernel.failures import (
+        ACTIVITY_TIMEOUT,
+        FAILURE_TYPES,
+        INTERNAL_ERROR,
+        TRANSCRIPT_TOO_LARGE,
+        known,
+        short_message,
+    )
     from gymflow.kernel.wire import (
         ActivityLimits,
         ChatMessage,
@@ -47,13 +54,18 @@ def activity_options(limits: ActivityLimits, queue: str) -> dict[str, Any]:
 
 
 def failure_of(err: ActivityError) -> tuple[str, str]:
-    """(failure_type, message) from an activity that failed for good."""
+    """(failure_type, message) from an activity that failed for good: always a type of the closed set
+    (gymflow/kernel/failures.py) and one short line. The activity boundary classifies; this is the net
+    for what escaped it (an SDK error whose type is a Python class name, a cancellation)."""
     cause = err.cause
     if isinstance(cause, ApplicationError):
-        return cause.type or "activity_failed", cause.message
+        if cause.type in FAILURE_TYPES:
+            return cause.type, short_message(cause.message)
+        detail = f"{cause.type}: {cause.message}" if cause.type else cause.message
+        return INTERNAL_ERROR, short_message(f"{err.activity_type}: {detail}")
     if isinstance(cause, TimeoutError):
         return ACTIVITY_TIMEOUT, f"{err.activity_type}: {cause.type.name if cause.type else 'timeout'} timeout"
-    return "activity_failed", f"{err.activity_type}: {cause or err}"
+    return INTERNAL_ERROR, short_message(f"{err.activity_type}: {cause or err}")
 
 
 class TranscriptTooLarge(Exception):
@@ -114,7 +126,7 @@ class RolloutWorkflow:
             failure = failure_of(err)
             ep = ep or EpisodeCheckpoint(messages=(), tools=(), started_at=started)
         except TranscriptTooLarge as err:
-            failure = (TRANSCRIPT_TOO_LARGE, str(err))
+            failure = (TRANSCRIPT_TOO_LARGE, short_message(err))
             self._progress = _trim(self._progress or ep, inp.limits.max_transcript_bytes)
         return await self._finish(inp, self._progress or ep, score, failure)
 
@@ -173,19 +185,26 @@ class RolloutWorkflow:
 
     async def _finish(self, inp: RolloutInput, ep: EpisodeCheckpoint, score: Score | None,
                       failure: tuple[str, str] | None) -> RolloutSummary:
+        masked_type = known(score.failure_type) if score and score.failure_type else None
         summary = RolloutSummary(
             rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task.id, sample_index=inp.sample_index,
             status="failed" if failure else "completed", reward=score.reward if score else None,
-            masked=bool(score and score.masked), failure_type=failure[0] if failure else (score and score.failure_type),
+            masked=bool(score and score.masked), failure_type=failure[0] if failure else masked_type,
             failure_message=failure[1] if failure else None, turns=ep.turn, tool_calls=ep.tool_calls,
             usage=ep.usage, attempts=ep.attempts, latency_s=(workflow.now() - ep.started_at).total_seconds(),
         )
         self._enter("persist")
-        await workflow.execute_activity(
-            names.PERSIST_ROLLOUT,
-            RolloutRecord(summary=summary, env=inp.task.env, model=inp.model, transcript=ep.messages,
-                          score_details=score.details if score else {}),
-            **activity_options(inp.limits.persist, names.ENV_QUEUE))
+        try:
+            await workflow.execute_activity(
+                names.PERSIST_ROLLOUT,
+                RolloutRecord(summary=summary, env=inp.task.env, model=inp.model, transcript=ep.messages,
+                              score_details=score.details if score else {}),
+                **activity_options(inp.limits.persist, names.ENV_QUEUE))
+        except ActivityError as err:
+            # Not recorded: fail typed (store_unavailable, short), so the client can record it once the
+            # store is back; no summary in the details, which would tell the client it had been recorded.
+            kind, message = failure_of(err)
+            raise ApplicationError(message, type=kind, non_retryable=True) from None
         # "masked" is its own status in the UI, so unscorable episodes are one filter away.
         updates = [names.SA_STATUS.value_set("masked" if summary.masked else summary.status)]
         if summary.reward is not None:

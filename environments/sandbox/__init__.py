@@ -11,12 +11,22 @@ as `main.py` in a private working directory next to `files`; the result carries 
   and the interpreter's prefix. Nothing else of the host is visible (homes, /var, /work, the host's
   /tmp). /tmp and the working dir /sandbox are private, size-capped tmpfs; "/" is remounted read-only.
 - `--die-with-parent`, `--new-session` (no TIOCSTI into our terminal), `--clearenv`.
+- A seccomp filter (`seccomp_filter.py`, loaded by bwrap right before the program starts) denies ptrace,
+  new namespaces, mounts, the keyring, bpf, perf, userfaultfd, io_uring, module loading and SysV IPC.
+- Every writable mount is a size-capped tmpfs (/tmp, the working dir, /dev/shm); /dev itself is read-only.
+- Whole-sandbox caps (`cgroups.py`): a memory+pids cgroup per run, joined by a shim before bwrap starts,
+  so `memory_bytes` and `max_procs` bind the sum of the sandbox's processes (tmpfs pages included); an
+  OOM kill inside it is reported as `memory`. Without usable cgroups those caps are per process only;
+  `describe_limits()` says which applies, and the env worker logs it at start.
 - rlimits set inside by `prlimit` (util-linux): CPU, address space, processes, file size, open
   files, no core dumps. Not `preexec_fn`: that is unsafe in threaded processes (Temporal workers).
+  New threads get an 8 MiB stack (`thread_stack_bytes`), so a raised RLIMIT_STACK does not make each
+  thread reserve it under the address-space limit.
 - When we run as root the sandbox runs as `nobody` (65534): the kernel never applies RLIMIT_NPROC to
   uid 0, so a fork bomb would otherwise only be stopped by the wall clock.
 - stdout and stderr are read incrementally; past `output_bytes` the sandbox is killed. A wall-clock
   timeout kills the process group (bwrap), and `--die-with-parent` takes the namespace down with it.
+  Output read before a kill is kept even when the pipes take a while to close. See docs/security.md.
 
 Unsandboxed mode (`UnsandboxedRunner`) keeps the rlimits (minus the process limit), the output cap and
 the timeout but isolates nothing: the code can read and write your files and use the network. It is
@@ -27,6 +37,7 @@ used only when bwrap is missing and the caller opted in, with `get_sandbox(allow
 from __future__ import annotations
 
 from environments.sandbox.contract import Sandbox
+from environments.sandbox.report import describe_limits
 from environments.sandbox.runners import BubblewrapSandbox, UnsandboxedRunner, default_python, get_sandbox
 from environments.sandbox.types import (
     MISSING_BWRAP,
@@ -54,5 +65,6 @@ __all__ = [
     "SandboxUnavailable",
     "UnsandboxedRunner",
     "default_python",
+    "describe_limits",
     "get_sandbox",
 ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import ClassVar
 
+from environments.sandbox.cgroups import RunCgroup
 from environments.sandbox.execution import _Channels, _classify, _shielded, _Spawn
 from environments.sandbox.types import Limits, SandboxResult, _Staged
 
@@ -27,17 +28,26 @@ class Sandbox(ABC):
         limits = limits or Limits()
         contents = {"main.py": source, **(files or {})}
         _check_names(contents)
-        with self._stage(contents) as staged:
-            chan = _Channels.open()
-            try:
-                argv = self._argv(staged, limits, chan.ready_w, chan.info_w)
-            except BaseException:
-                chan.close_all()
-                raise
-            spawn = _Spawn(argv, pass_fds=(chan.ready_w, chan.info_w, *staged.fds), cwd=staged.cwd,
-                           env=self._env(staged), user=self._user())
-            run = await _shielded(spawn, _as_bytes(stdin), limits, chan, reports_init=self._reports_init)
+        async with self._confine(limits) as cgroup:
+            with self._stage(contents) as staged:
+                chan = _Channels.open()
+                try:
+                    argv, user = self._argv(staged, limits, chan.ready_w, chan.info_w), self._user()
+                    if cgroup is not None:  # the shim joins the cgroup, then drops to the sandbox uid
+                        argv, user = cgroup.wrap(argv, user), None
+                except BaseException:
+                    chan.close_all()
+                    raise
+                spawn = _Spawn(argv, pass_fds=(chan.ready_w, chan.info_w, *staged.fds, *staged.extra_fds),
+                               cwd=staged.cwd, env=self._env(staged), user=user)
+                run = await _shielded(spawn, _as_bytes(stdin), limits, chan, reports_init=self._reports_init)
+            run.oom_killed = cgroup is not None and cgroup.oom_killed()
         return _classify(run, self._signal_exit_base)
+
+    @contextlib.asynccontextmanager
+    async def _confine(self, limits: Limits) -> AsyncIterator[RunCgroup | None]:
+        """The run's cgroup, removed afterwards (with anything left in it); None where there is none."""
+        yield None
 
     @abstractmethod
     def _stage(self, contents: Mapping[str, bytes | str]) -> contextlib.AbstractContextManager[_Staged]:

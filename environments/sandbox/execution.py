@@ -9,10 +9,12 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from environments.sandbox.types import _CHUNK, _MEMORY_MARKERS, Limits, SandboxResult, SandboxStatus, _Run
+
+_TEARDOWN_S = 10.0  # after the kill, how long the pipes may take to reach EOF
 
 # ---- execution ---------------------------------------------------------------------------------
 
@@ -82,18 +84,19 @@ async def _execute(spawn: _Spawn, stdin: bytes, limits: Limits, chan: _Channels,
             chan.close_write_ends()  # the child has its own copies
         assert proc.stdin and proc.stdout and proc.stderr
         over = asyncio.Event()
+        out_sink, err_sink = _Sink(limits.output_bytes, tail=False), _Sink(limits.stderr_bytes, tail=True)
         feeder = asyncio.create_task(_feed(proc.stdin, stdin))
-        out = asyncio.create_task(_drain(proc.stdout, limits.output_bytes, limits.output_bytes, over, keep_tail=False))
-        err = asyncio.create_task(_drain(proc.stderr, limits.stderr_bytes, limits.output_bytes, over, keep_tail=True))
+        out = asyncio.create_task(_drain(proc.stdout, out_sink, limits.output_bytes, over))
+        err = asyncio.create_task(_drain(proc.stderr, err_sink, limits.output_bytes, over))
         try:
             stopped = await _wait(proc, over, stop, limits.wall_s)
         finally:
             if proc.returncode is None:
                 await _stop(proc, chan.info_r if reports_init else None)
             _kill_group(proc)  # the unsandboxed runner's stragglers
-            await proc.wait()
             wall = time.monotonic() - start
-            (stdout, out_cut), (stderr, err_cut) = await _collect(out, err, feeder)
+            await _teardown(proc, out, err, feeder)
+        (stdout, out_cut), (stderr, err_cut) = out_sink.result(), err_sink.result()
         return _Run(proc.returncode, stdout, out_cut, stderr, err_cut, stopped, _started(chan.ready_r), wall)
     finally:
         os.close(chan.ready_r)
@@ -168,34 +171,46 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
         await writer.wait_closed()
 
 
-async def _drain(reader: asyncio.StreamReader, keep: int, cap: int, over: asyncio.Event, *,
-                 keep_tail: bool) -> tuple[bytes, bool]:
-    """Read a stream to EOF keeping `keep` bytes (head or tail); past `cap` bytes set `over`."""
-    buf, total = bytearray(), 0
+@dataclass
+class _Sink:
+    """What was read of one stream so far: kept outside the reading task, so a cancelled read loses nothing."""
+
+    keep: int
+    tail: bool
+    buf: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.tail:
+            self.buf += chunk
+            if len(self.buf) > 2 * self.keep:
+                del self.buf[:-self.keep]
+        elif len(self.buf) < self.keep:
+            self.buf += chunk[: self.keep - len(self.buf)]
+
+    def result(self) -> tuple[bytes, bool]:
+        data = self.buf[-self.keep:] if self.tail and len(self.buf) > self.keep else self.buf
+        return bytes(data), self.total > self.keep
+
+
+async def _drain(reader: asyncio.StreamReader, sink: _Sink, cap: int, over: asyncio.Event) -> None:
+    """Read a stream to EOF into `sink`; past `cap` bytes set `over`."""
     while chunk := await reader.read(_CHUNK):
-        total += len(chunk)
-        if total > cap:
+        sink.add(chunk)
+        if sink.total > cap:
             over.set()
-        if keep_tail:
-            buf += chunk
-            if len(buf) > 2 * keep:
-                del buf[:-keep]
-        elif len(buf) < keep:
-            buf += chunk[: keep - len(buf)]
-    if keep_tail and len(buf) > keep:
-        del buf[:-keep]
-    return bytes(buf), total > keep
 
 
-async def _collect(out: asyncio.Task[tuple[bytes, bool]], err: asyncio.Task[tuple[bytes, bool]],
-                   feeder: asyncio.Task[None]) -> tuple[tuple[bytes, bool], tuple[bytes, bool]]:
-    # Everything in the sandbox is dead by now, so EOF is immediate; the timeout guards the unsandboxed case.
-    done, pending = await asyncio.wait({out, err, feeder}, timeout=2.0)
+async def _teardown(proc: asyncio.subprocess.Process, *readers: asyncio.Task[None]) -> None:
+    """Wait for the killed child and the end of its output, a realistic while, then keep what was read.
+    asyncio's proc.wait() also waits for the pipes to close, and a dying process may hold them for some
+    time (freeing a large address space, a full tmpfs); unsandboxed, an escaped one may hold them for ever."""
+    exited = asyncio.ensure_future(proc.wait())
+    _, pending = await asyncio.wait({exited, *readers}, timeout=_TEARDOWN_S)
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    empty = (b"", False)
-    return (out.result() if out in done else empty), (err.result() if err in done else empty)
 
 
 def _started(ready_r: int) -> bool:
@@ -222,6 +237,8 @@ def _status(run: _Run, code: int | None, sig: int | None) -> SandboxStatus:
         return SandboxStatus.ERROR
     if run.stopped is not None:
         return run.stopped
+    if run.oom_killed:  # a child's death may leave the program itself exiting 0
+        return SandboxStatus.MEMORY
     if sig == signal.SIGXCPU:
         return SandboxStatus.TIMEOUT
     if sig == signal.SIGXFSZ:

@@ -9,10 +9,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from environments.sandbox.cgroups import RunCgroup
+from environments.sandbox.cgroups import probe as cgroups_probe
 from environments.sandbox.contract import Sandbox, _as_bytes
+from environments.sandbox.seccomp_filter import filter_fd, seccomp_unavailable
 from environments.sandbox.types import (
     _BOOTSTRAP,
     _ENV,
@@ -30,6 +33,7 @@ from environments.sandbox.types import (
 )
 
 log = logging.getLogger(__name__)
+_SETPRIV_OK = os.access("/usr/bin/setpriv", os.X_OK)  # util-linux, like prlimit
 
 class BubblewrapSandbox(Sandbox):
     """See the package docstring. `python` defaults to $GYMFLOW_SANDBOX_PYTHON, else /usr/bin/python3 (the
@@ -42,7 +46,7 @@ class BubblewrapSandbox(Sandbox):
     _reports_init = True
 
     def __init__(self, *, python: str | None = None, ro_binds: Sequence[str] = (), run_as_uid: int | None = None,
-                 bwrap: str | None = None) -> None:
+                 bwrap: str | None = None, cgroups: bool = True) -> None:
         found = bwrap or shutil.which("bwrap")
         if not found:
             raise SandboxUnavailable(MISSING_BWRAP)
@@ -54,6 +58,12 @@ class BubblewrapSandbox(Sandbox):
         self.run_as_uid = (NOBODY if run_as_uid is None else run_as_uid) if os.geteuid() == 0 else None
         self._layout = _root_layout(self.python, ro_binds)
         self._sized_tmpfs = "--size" in _bwrap_help(found)  # --size arrived in bwrap 0.7
+        reason = seccomp_unavailable()
+        if reason:  # fail closed: no syscall filter, no sandbox
+            raise SandboxUnavailable(reason)
+        # Whole-sandbox memory and task caps; the root-to-uid drop then happens in the cgroup shim (setpriv).
+        support = cgroups_probe().support if cgroups else None
+        self.cgroups = support if support is None or self.run_as_uid is None or _SETPRIV_OK else None
         self._checked = False
 
     async def check(self) -> None:
@@ -69,6 +79,20 @@ class BubblewrapSandbox(Sandbox):
                 f"container's seccomp profile), or an interpreter that user cannot read (set {PYTHON_ENV}).")
         self._checked = True
 
+    @contextlib.asynccontextmanager
+    async def _confine(self, limits: Limits) -> AsyncIterator[RunCgroup | None]:
+        if self.cgroups is None:
+            yield None
+            return
+        try:
+            cgroup = RunCgroup(self.cgroups, limits.memory_bytes, limits.max_procs)
+        except OSError as err:
+            raise SandboxUnavailable(f"cannot create the sandbox's cgroup ({self.cgroups.describe()}): {err}") from err
+        try:
+            yield cgroup
+        finally:
+            await cgroup.remove()
+
     @contextlib.contextmanager
     def _stage(self, contents: Mapping[str, bytes | str]) -> Iterator[_Staged]:
         # memfds: bwrap copies them into the sandbox's tmpfs; nothing is written to the host's disk.
@@ -79,7 +103,9 @@ class BubblewrapSandbox(Sandbox):
                 fds.append(fd)
                 _write_all(fd, _as_bytes(data))
                 os.lseek(fd, 0, os.SEEK_SET)
-            yield _Staged(cwd=None, fds=tuple(fds), names=tuple(contents))
+            seccomp = filter_fd()
+            fds.append(seccomp)
+            yield _Staged(cwd=None, fds=tuple(fds[:-1]), names=tuple(contents), extra_fds=(seccomp,))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -89,12 +115,15 @@ class BubblewrapSandbox(Sandbox):
         data = [a for fd, name in zip(staged.fds, staged.names, strict=True)
                 for a in ("--ro-bind-data", str(fd), f"{WORKDIR}/{name}")]
         env = [a for k, v in {**_ENV, "HOME": WORKDIR, "TMPDIR": "/tmp"}.items() for a in ("--setenv", k, v)]
+        # Every writable mount is a size-capped tmpfs: /tmp, the working dir and /dev/shm. --dev's own
+        # tmpfs cannot be sized, so /dev goes read-only (its device nodes stay usable).
         return [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--info-fd", str(info_fd),
-                "--hostname", "sandbox",
-                "--clearenv", *env, *self._layout, "--proc", "/proc", "--dev", "/dev",
+                "--hostname", "sandbox", "--seccomp", str(staged.extra_fds[0]),
+                "--clearenv", *env, *self._layout, "--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/dev/shm",
+                "--remount-ro", "/dev",
                 *size, "--tmpfs", "/tmp", *size, "--tmpfs", WORKDIR, *data, "--chdir", WORKDIR, "--remount-ro", "/",
-                "--", self.prlimit, *_prlimit_args(limits, nproc=True), "--",
-                self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd)]
+                "--", self.prlimit, *_prlimit_args(limits, nproc=self.cgroups is None), "--",
+                self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd), str(limits.thread_stack_bytes)]
 
     def _env(self, staged: _Staged) -> dict[str, str] | None:
         # bwrap's own environment, not the program's (that is --clearenv/--setenv). It must be empty: bwrap
@@ -125,7 +154,7 @@ class UnsandboxedRunner(Sandbox):
     def _argv(self, staged: _Staged, limits: Limits, ready_fd: int, info_fd: int) -> list[str]:
         # No RLIMIT_NPROC here: outside a user namespace it counts every process of this user.
         rl = [self.prlimit, *_prlimit_args(limits, nproc=False), "--"] if self.prlimit else []
-        return [*rl, self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd)]
+        return [*rl, self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd), str(limits.thread_stack_bytes)]
 
     def _env(self, staged: _Staged) -> dict[str, str] | None:
         return {**_ENV, "HOME": staged.cwd or "/", "TMPDIR": staged.cwd or "/tmp"}

@@ -16,15 +16,20 @@ _MIB = 1 << 20
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory")
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# MALLOC_ARENA_MAX: glibc reserves 64 MiB of address space per malloc arena, up to 8 per core and one per
+# thread, so under a 1 GiB address-space limit only ~14 threads could start.
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 
 # Runs first inside the sandbox: reports "the interpreter started" on a pipe (so a sandbox that failed
-# to set up is told apart from a program that failed), drops every inherited fd, then runs main.py.
+# to set up is told apart from a program that failed), drops every inherited fd, sets the stack of new
+# threads (glibc would give each one RLIMIT_STACK, which code_gen raises for deep recursion, and only a
+# few such threads fit under the address-space limit), then runs main.py.
 _BOOTSTRAP = (
-    "import os, runpy, sys\n"
+    "import _thread, os, runpy, sys\n"
     "os.write(int(sys.argv[1]), b'1')\n"
     "os.closerange(3, 65536)\n"
+    "_thread.stack_size(int(sys.argv[2]))\n"
     "sys.argv = ['main.py']\n"
     "runpy.run_path('main.py', run_name='__main__')\n"
 )
@@ -45,7 +50,7 @@ class SandboxUnavailable(GymflowError):
 class SandboxStatus(StrEnum):
     OK = "ok"  # the program ended by itself (any exit code)
     TIMEOUT = "timeout"  # wall clock or CPU time
-    MEMORY = "memory"  # allocation failed under the address-space limit
+    MEMORY = "memory"  # allocation failed under the address-space limit, or the sandbox's cgroup hit its cap
     OUTPUT_LIMIT = "output_limit"  # stdout/stderr over the cap, or a file over the size limit
     KILLED = "killed"  # ended by a signal we did not send (segfault, abort, OOM killer)
     ERROR = "error"  # the sandbox itself failed; says nothing about the program
@@ -53,16 +58,22 @@ class SandboxStatus(StrEnum):
 
 @dataclass(frozen=True)
 class Limits:
+    """Each limit binds the whole sandbox where the kernel allows it (cgroups) and each process otherwise;
+    `describe_limits()` says which applies on this machine."""
+
     wall_s: float = 10.0
     cpu_s: int = 10
-    memory_bytes: int = 1 << 30  # RLIMIT_AS, per process
-    max_procs: int = 16  # RLIMIT_NPROC, counted per sandbox (its own user namespace)
+    # RLIMIT_AS of each process, and with cgroups also the memory of the whole sandbox (tmpfs pages included)
+    memory_bytes: int = 1 << 30
+    # tasks (processes and threads): the pids cgroup of the sandbox, else RLIMIT_NPROC in its user namespace
+    max_procs: int = 16
     file_bytes: int = 16 * _MIB  # RLIMIT_FSIZE
     output_bytes: int = 16 * _MIB  # stdout kept up to this; either stream past it kills the run
     stderr_bytes: int = 16 * 1024  # tail of stderr kept
-    tmpfs_bytes: int = 64 * _MIB  # size of /tmp and of the working dir, each
+    tmpfs_bytes: int = 64 * _MIB  # size of /tmp, of the working dir and of /dev/shm, each
     open_files: int = 256
-    stack_bytes: int | None = None  # RLIMIT_STACK; None keeps the inherited one
+    stack_bytes: int | None = None  # RLIMIT_STACK (the main thread's); None keeps the inherited one
+    thread_stack_bytes: int = 8 * _MIB  # the stack of each new thread
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,7 @@ class _Run:
     stopped: SandboxStatus | None  # why we killed it; None when it ended by itself
     started: bool
     wall_s: float
+    oom_killed: bool = False  # the kernel's OOM killer acted inside the sandbox's memory cgroup
 
 
 @dataclass
@@ -98,3 +110,4 @@ class _Staged:
     cwd: str | None
     fds: tuple[int, ...]
     names: tuple[str, ...]
+    extra_fds: tuple[int, ...] = ()  # passed to the child too (the seccomp filter)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
 from gymflow.cli.progress import Tally, progress_bar, summary_table
-from gymflow.client import GymflowClient
+from gymflow.client import GymflowClient, check_collectable
 from gymflow.kernel.config import Settings
 from gymflow.kernel.datasets import load_jsonl
+from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.wire import SamplingParams
 from workers.health import idle_pools
 
@@ -28,10 +31,18 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
     console = console or Console()
     tasks, errors = load_jsonl(dataset, env=env)
     for err in errors:
-        console.print(f"[red]skipped[/red] {err}")
+        console.print(f"[red]skipped[/red] {escape(str(err))}", highlight=False)
     if not tasks:
         raise click.ClickException(f"{dataset}: no valid rows")
-    client = await GymflowClient.connect(settings)
+    try:  # before connecting: nothing is started and no run row is written for a typo
+        check_collectable(settings, {t.env for t in tasks}, model)
+    except GymflowError as e:
+        raise click.ClickException(str(e)) from None
+
+    def notice(message: str) -> None:
+        console.print(f"[yellow]{escape(message)}[/yellow]", highlight=False)
+
+    client = await GymflowClient.connect(settings, on_notice=notice)
     try:
         for queue in await idle_pools(client.temporal):
             console.print(f"[yellow]warning[/yellow]: no worker polls task queue {queue!r}; its rollouts will wait "
@@ -39,14 +50,19 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
         envs = env or ",".join(sorted({t.env for t in tasks}))
         await client.record_run(run_id, env=envs, model=model, dataset=str(dataset), n=n,
                                 dataset_errors=[str(e) for e in errors])
-        tally = Tally(total=len(tasks) * n)
+        tally = Tally(total=len(tasks) * n, skipped=len(errors))
         with progress_bar(console) as bar:
             job = bar.add_task(run_id, total=tally.total, stats="")
-            async for result in client.collect(run_id, tasks, n=n, model=model, sampling=sampling,
+            # aclosing: on any error the in-flight waits are cancelled and awaited here, not at exit.
+            async with aclosing(client.collect(run_id, tasks, n=n, model=model, sampling=sampling,
                                                max_turns=max_turns, retry_failed=retry_failed,
-                                               max_in_flight=max_in_flight):
-                tally.add(result)
-                bar.update(job, advance=1, stats=tally.line())
+                                               max_in_flight=max_in_flight)) as results:
+                async for result in results:
+                    tally.add(result)
+                    if result.outcome == "rejected":
+                        console.print(f"[red]rejected[/red] {result.summary.rollout_id}: "
+                                      f"{escape(result.summary.failure_message or '')}", highlight=False)
+                    bar.update(job, advance=1, stats=tally.line())
         console.print(summary_table(run_id, tally))
         return tally
     finally:
@@ -70,7 +86,10 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
 def collect(dataset: str, env_name: str | None, model: str, n: int, run_id: str | None, max_turns: int | None,
             temperature: float | None, max_tokens: int | None, retry_failed: bool, max_in_flight: int,
             config_path: str | None) -> None:
-    """Collect rollouts for every task in DATASET (JSONL, NeMo Gym rows load unchanged)."""
+    """Collect rollouts for every task in DATASET (JSONL, NeMo Gym rows load unchanged).
+
+    Rows that do not load are reported by line and skipped. If Temporal restarts mid-run, collect waits for
+    it (up to $GYMFLOW_RECONNECT_WAIT_S, default 600 s) and re-attaches to the same rollouts."""
     setup_logging(False)
     settings = settings_or_exit(config_path)
     sampling = None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gymflow.kernel.errors import GymflowError
@@ -36,16 +37,20 @@ def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
         report = prepare(file, env_name, target)
     except GymflowError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # the output's folder is missing, or --out is a folder
+        raise click.ClickException(f"{target}: {e.strerror or e}") from None
     console = Console()
     for err in report.errors:
-        console.print(f"[red]error[/red] {err}")
-    table = Table("field", "rows", "types", "size (len or value)", title=f"{report.written} rows -> {target}")
+        console.print(f"[red]error[/red] {escape(str(err))}")  # row values are in messages: never markup
+    table = Table("field", "rows", "types", "size (len or value)",
+                  title=escape(f"{report.written} rows -> {target}"))
     for key, st in sorted(report.fields.items()):
-        table.add_row(key, str(st.present), ", ".join(f"{t}:{n}" for t, n in st.types.items()), _stats(st.sizes))
+        table.add_row(escape(key[:80]), str(st.present), ", ".join(f"{t}:{n}" for t, n in st.types.items()),
+                      _stats(st.sizes))
     table.add_row("(prompt messages)", str(len(report.turns)), "", _stats([float(x) for x in report.turns]))
     table.add_row("(tools)", str(len(report.tools)), "", _stats([float(x) for x in report.tools]))
     console.print(table)
-    console.print(f"rows: {report.total}  valid: {report.written}  invalid: {len(report.errors)}")
+    console.print(f"rows: {report.total}  valid: {report.written}  invalid: {report.invalid}")
     if report.errors:
         raise SystemExit(1)
 
@@ -56,10 +61,21 @@ def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
               help="The task file the rollouts were made from.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
 def join_cmd(rollouts: str, tasks: str, out: str) -> None:
-    """Add each recorded rollout's task fields (matched by conversation) so it can be replayed and scored."""
-    from gymflow.prepare import join_rollouts
+    """Add each recorded rollout's task fields (matched by conversation) so it can be replayed and scored.
+    Bad lines of either file are reported and skipped; the exit status is then 1."""
+    from gymflow.prepare import join
 
-    written, unmatched = join_rollouts(rollouts, tasks, out)
-    for line in unmatched:
+    try:
+        report = join(rollouts, tasks, out)
+    except GymflowError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{out}: {e.strerror or e}") from None
+    for err in report.errors:
+        click.echo(f"error {err}", err=True)
+    for line in report.unmatched:
         click.echo(f"{rollouts}:{line}: no task in {tasks} has this conversation", err=True)
-    click.echo(f"{written} rows -> {out} ({written - len(unmatched)} joined)")
+    joined = report.written - len(report.unmatched)
+    click.echo(f"{report.written} rows -> {out} ({joined} joined, {report.bad_lines} bad lines skipped)")
+    if report.errors:
+        raise SystemExit(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 
 import click
 
@@ -15,6 +16,8 @@ from gymflow.cli.env_cmd import env
 from gymflow.cli.report_cmd import report
 from gymflow.cli.resume_cmd import resume
 from gymflow.cli.stack_cmd import up, worker
+
+TRACEBACK_ENV = "GYMFLOW_TRACEBACK"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,11 +35,11 @@ cli.add_command(report)
 cli.add_command(resume)
 
 
-
 def main() -> None:
     """The `gymflow` entry point. It leaves through `os._exit` once output is flushed: the Temporal SDK's
     Rust threads can abort CPython's finalisation (temporalio/sdk-python#300), turning a clean exit into
-    SIGABRT; by then every worker has shut down gracefully and every connection is closed."""
+    SIGABRT; by then every worker has shut down gracefully and every connection is closed. An unexpected
+    exception is reported in one line and exits 1 the same way, so no command can hang on exit."""
     code = 0
     try:
         cli()
@@ -44,6 +47,13 @@ def main() -> None:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:  # noqa: BLE001 - an unexpected error still ends the process, in one line
+        if os.environ.get(TRACEBACK_ENV):
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:500]
+        print(f"Error: unexpected {type(e).__name__}: {first} (set {TRACEBACK_ENV}=1 for the traceback)",
+              file=sys.stderr)
+        code = 1
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

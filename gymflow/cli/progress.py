@@ -17,6 +17,7 @@ from gymflow.client import CollectResult
 class Tally:
     total: int
     started_at: float = field(default_factory=time.monotonic)
+    skipped: int = 0  # dataset rows that did not load (reported by line before the run)
     done: int = 0
     failed: int = 0
     masked: int = 0
@@ -42,8 +43,13 @@ class Tally:
         return sum(self.rewards) / len(self.rewards) if self.rewards else None
 
     @property
+    def ran_now(self) -> int:
+        """Rollouts that ran during this invocation; `finished` ones were done before it started."""
+        return self.outcomes["started"] + self.outcomes["attached"]
+
+    @property
     def rate(self) -> float:
-        return self.done / max(time.monotonic() - self.started_at, 1e-9)
+        return self.ran_now / max(time.monotonic() - self.started_at, 1e-9)
 
     def line(self) -> str:
         mean = f"{self.mean_reward:.3f}" if self.mean_reward is not None else "-"
@@ -60,12 +66,15 @@ def summary_table(run_id: str, t: Tally) -> Table:
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("rollouts", str(t.total))
+    table.add_row("skipped rows", str(t.skipped))
     table.add_row("completed (scored)", str(len(t.rewards)))
     table.add_row("failed", str(t.failed))
     table.add_row("masked", str(t.masked))
     table.add_row("mean reward", f"{t.mean_reward:.4f}" if t.mean_reward is not None else "-")
     table.add_row("started now / attached / already finished",
                   f"{t.outcomes['started']} / {t.outcomes['attached']} / {t.outcomes['finished']}")
+    if t.outcomes["rejected"]:
+        table.add_row("refused by Temporal (start_rejected)", str(t.outcomes["rejected"]))
     table.add_row("rate", f"{t.rate:.2f} rollouts/s")
     for kind, n in t.failures.most_common():
         table.add_row(f"  failure {kind}", str(n))

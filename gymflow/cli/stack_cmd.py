@@ -22,7 +22,9 @@ from workers.local_stack import LocalStack
               help="Serve Prometheus metrics (task slots, schedule-to-start latency, failures) at HOST:PORT/metrics.")
 @click.option("-v", "--verbose", is_flag=True)
 def worker(pool: str, config_path: str | None, metrics_bind: str | None, verbose: bool) -> None:
-    """Run one worker pool until SIGTERM (in-flight work finishes first)."""
+    """Run one worker pool until SIGTERM (in-flight work finishes first).
+
+    At start it waits for Postgres and Temporal, up to $GYMFLOW_STARTUP_WAIT_S (default 300 s)."""
     from workers.run_pool import run_pool
 
     setup_logging(verbose)

@@ -98,7 +98,9 @@ class RolloutLimits(Wire):
     generate: ActivityLimits = ActivityLimits(
         start_to_close_s=600, schedule_to_close_s=3600, heartbeat_s=30, max_attempts=6
     )
-    env: ActivityLimits = ActivityLimits(start_to_close_s=120, schedule_to_close_s=900, max_attempts=4)
+    # Env activities heartbeat while environment code runs, so a killed env worker is noticed in 20 s
+    # rather than at start-to-close.
+    env: ActivityLimits = ActivityLimits(start_to_close_s=120, schedule_to_close_s=900, heartbeat_s=20, max_attempts=4)
     persist: ActivityLimits = ActivityLimits(start_to_close_s=30, schedule_to_close_s=900, max_attempts=20)
     # Temporal rejects payloads over 2 MB, and a workflow task that schedules one is retried until the
     # execution times out: end the episode with a typed failure well before that.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -30,6 +31,9 @@ class Reply:
     prompt_tokens: int = 10
     completion_tokens: int | None = None
     token_ids: list[int] | None = None
+    raw: bytes | None = None  # sent as the body as it is (with `status` and `content_type`): garbage servers
+    content_type: str = "application/json"
+    disconnect: bool = False  # close the connection without answering (a reset mid-request)
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -45,6 +49,21 @@ def http_error(status: int, message: str, *, code: str | None = None, headers: d
                delay_s: float = 0.0) -> Reply:
     err = {"message": message, "type": "invalid_request_error" if status < 500 else "server_error", "code": code}
     return Reply(status=status, error=err, headers=headers or {}, delay_s=delay_s)
+
+
+def raw_body(body: bytes | str, content_type: str = "application/json", status: int = 200, **kw: Any) -> Reply:
+    """A reply whose body is exactly `body`: non-JSON, HTML, a partial or malformed completion."""
+    data = body.encode() if isinstance(body, str) else body
+    return Reply(raw=data, content_type=content_type, status=status, **kw)
+
+
+def completion_json(payload: Any, **kw: Any) -> Reply:
+    """A 200 JSON reply with `payload` as the whole body (e.g. `{"choices": []}`)."""
+    return raw_body(json.dumps(payload), **kw)
+
+
+def disconnect(**kw: Any) -> Reply:
+    return Reply(disconnect=True, **kw)
 
 
 def context_length_error() -> Reply:
@@ -131,10 +150,11 @@ class ScriptedOpenAI:
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
 
-            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(payload).encode()
+            def _send(self, status: int, payload: dict[str, Any] | bytes, headers: dict[str, str] | None = None,
+                      content_type: str = "application/json") -> None:
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
@@ -153,7 +173,15 @@ class ScriptedOpenAI:
                 reply = outer._next(dict(self.headers.items()), body)
                 if outer.latency_s or reply.delay_s:
                     time.sleep(outer.latency_s + reply.delay_s)
-                if reply.status != 200:
+                if reply.disconnect:
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                elif reply.raw is not None:
+                    self._send(reply.status, reply.raw, reply.headers, reply.content_type)
+                elif reply.status != 200:
                     self._send(reply.status, {"error": reply.error}, reply.headers)
                 else:
                     completion = _completion(reply, body.get("model", "scripted"), bool(body.get("return_token_ids")))

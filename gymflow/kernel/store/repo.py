@@ -1,7 +1,15 @@
-"""Idempotent writes. A retried or replayed activity calls these again; no row is ever duplicated."""
+"""Idempotent writes. A retried or replayed activity calls these again; no row is ever duplicated.
+
+Every text and JSONB value is made storable first (`storable`): Postgres refuses a NUL byte in text and the
+`\\u0000` escape in JSONB, and psycopg cannot encode a lone surrogate, so one NUL in a model answer or a
+program's output once made persist retry for 15 minutes and lose the reward. Such a character becomes U+FFFD
+(the Unicode replacement character): one character for one, so offsets into the text stay right, and
+unambiguous, where an escape like the text `\\u0000` would be indistinguishable from a model that wrote it.
+"""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,8 +19,23 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gymflow.kernel.store.models import Generation, Rollout, Run
 from gymflow.kernel.wire import RolloutRecord
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def storable(value: Any) -> Any:
+    """`value` with every NUL and lone surrogate in its strings (dict keys too, at any depth) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub(REPLACEMENT, value) if _UNSTORABLE.search(value) else value
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(v) for v in value]
+    return value
+
 
 async def upsert_run(session: AsyncSession, run_id: str, **fields: Any) -> None:
+    run_id, fields = storable(run_id), storable(fields)
     stmt = insert(Run).values(id=run_id, **fields)
     await session.execute(stmt.on_conflict_do_update(index_elements=[Run.id], set_=fields) if fields
                           else stmt.on_conflict_do_nothing())
@@ -21,8 +44,8 @@ async def upsert_run(session: AsyncSession, run_id: str, **fields: Any) -> None:
 async def mark_rollout_started(session: AsyncSession, *, rollout_id: str, run_id: str, task_id: str,
                                sample_index: int, env: str, model: str) -> None:
     """Insert the row as `running` so SQL sees in-flight episodes. Never downgrades a finished row."""
-    values = dict(id=rollout_id, run_id=run_id, task_id=task_id, sample_index=sample_index, env=env,
-                  model=model, status="running")
+    values = storable(dict(id=rollout_id, run_id=run_id, task_id=task_id, sample_index=sample_index, env=env,
+                           model=model, status="running"))
     stmt = insert(Rollout).values(**values)
     stmt = stmt.on_conflict_do_update(
         index_elements=[Rollout.id],
@@ -32,7 +55,12 @@ async def mark_rollout_started(session: AsyncSession, *, rollout_id: str, run_id
     await session.execute(stmt)
 
 
+_NUMERIC = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
+
+
 async def save_generation(session: AsyncSession, **values: Any) -> None:
+    # Token ids and logprobs are numbers (tens of thousands per turn): no need to walk them.
+    values = {k: v if k in _NUMERIC else storable(v) for k, v in values.items()}
     stmt = insert(Generation).values(**values)
     update = {k: v for k, v in values.items() if k not in ("rollout_id", "turn")}
     await session.execute(stmt.on_conflict_do_update(index_elements=[Generation.rollout_id, Generation.turn],
@@ -48,8 +76,10 @@ async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
         tool_calls=s.tool_calls, prompt_tokens=s.usage.prompt_tokens,
         completion_tokens=s.usage.completion_tokens, attempts=s.attempts, latency_s=s.latency_s,
         transcript=[m.model_dump(exclude_none=True) for m in record.transcript],
-        score_details=record.score_details, finished_at=datetime.now(UTC),
+        score_details=record.score_details,
     )
+    values = storable(values)
+    values["finished_at"] = datetime.now(UTC)
     stmt = insert(Rollout).values(**values)
     update = {k: v for k, v in values.items() if k != "id"}
     await session.execute(stmt.on_conflict_do_update(index_elements=[Rollout.id], set_=update))
