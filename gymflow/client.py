@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,6 +39,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from gymflow.kernel import failures, names
 from gymflow.kernel.config import Settings
 from gymflow.kernel.errors import ConfigError, GymflowError
+from gymflow.kernel.limits import MAX_RUN_ID_BYTES
 from gymflow.kernel.store.db import (
     database_location,
     is_unreachable,
@@ -106,12 +108,30 @@ def _summary_from_failure(err: WorkflowFailureError, inp: RolloutInput) -> Rollo
                           failure_message=failures.short_message(text))
 
 
-def check_collectable(settings: Settings, envs: Iterable[str], model: str) -> None:
-    """Before anything starts: every environment is installed and the model is configured."""
+def run_id_problem(run_id: str) -> str | None:
+    """Why `run_id` cannot head workflow ids `<run>/<task>/<sample>` (Temporal caps ids at 1,000 bytes), or None."""
+    size = len(run_id.encode("utf-8", "surrogatepass"))
+    if not run_id.strip():
+        return "run id: empty"
+    if size > MAX_RUN_ID_BYTES:
+        return f"run id: {size:,} bytes; at most {MAX_RUN_ID_BYTES}"
+    if "/" in run_id:
+        return f"run id {run_id!r}: must not contain '/' (it is part of the workflow id)"
+    bad = next((ch for ch in run_id if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")), None)
+    if bad is not None:
+        return f"run id {run_id!r}: control character U+{ord(bad):04X}"
+    return None
+
+
+def check_collectable(settings: Settings, envs: Iterable[str], model: str, run_id: str | None = None) -> None:
+    """Before anything starts: the run id fits a workflow id, every environment is installed and the model is
+    configured."""
     from environments.registry import available  # lazy: lists entry points, imports no environment
 
     installed = available()
     problems = []
+    if run_id is not None and (why := run_id_problem(run_id)):
+        problems.append(why)
     unknown = sorted(set(envs) - set(installed))
     if unknown:
         problems.append(f"unknown environment{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
@@ -304,7 +324,7 @@ class GymflowClient:
         Unknown environments or model fail before anything starts. Close the iterator (`aclosing`) to stop
         early: in-flight waits are cancelled and awaited (the workflows themselves keep running)."""
         tasks = list(tasks)
-        check_collectable(self.settings, {t.env for t in tasks}, model)
+        check_collectable(self.settings, {t.env for t in tasks}, model, run_id)
         inputs = [self.make_input(run_id, t, i, model, sampling, max_turns) for t in tasks for i in range(n)]
         results: asyncio.Queue[CollectResult | BaseException] = asyncio.Queue()
         slots = asyncio.Semaphore(max_in_flight)

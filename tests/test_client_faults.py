@@ -120,6 +120,16 @@ async def test_unknown_env_or_model_fails_before_anything_starts(gf, settings, s
     assert (await gf.temporal.count_workflows(f"GymflowRun = '{run_id}'")).count == 0
 
 
+@pytest.mark.parametrize("bad_run", ["r" * 201, "a/b", "run\x00x", "  "])
+async def test_a_run_id_that_cannot_head_workflow_ids_is_refused_before_anything_starts(gf, settings, sql, bad_run):
+    import click
+
+    with pytest.raises(click.ClickException, match="run id"):
+        await collect_dataset(settings, str(WEATHER_DATASET), env="single_tool", model="policy", n=1, run_id=bad_run,
+                              console=Console(file=io.StringIO(), width=200))
+    assert sql("SELECT count(*) FROM runs WHERE id = %s", bad_run.replace("\x00", "")) == [(0,)]
+
+
 async def test_a_rejected_start_is_recorded_and_the_collection_goes_on(gf, sql, run_id):
     tasks = [weather_task("ok0"), weather_task("x" * 1100), weather_task("ok1")]  # Temporal caps ids at 1,000
     results = [r async for r in gf.collect(run_id, tasks, n=1, model="policy")]

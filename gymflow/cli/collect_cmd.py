@@ -35,7 +35,7 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
     if not tasks:
         raise click.ClickException(f"{dataset}: no valid rows")
     try:  # before connecting: nothing is started and no run row is written for a typo
-        check_collectable(settings, {t.env for t in tasks}, model)
+        check_collectable(settings, {t.env for t in tasks}, model, run_id)
     except GymflowError as e:
         raise click.ClickException(str(e)) from None
 

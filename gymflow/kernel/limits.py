@@ -15,6 +15,8 @@ MAX_TASK_BYTES = MAX_ROW_BYTES + (MAX_ROW_BYTES >> 2)
 # The workflow id is `<run>/<task>/<sample>` and Temporal caps ids at 1,000 bytes: a task id of at most
 # 200 bytes (UTF-8) keeps it well inside with any reasonable run id.
 MAX_TASK_ID_BYTES = 200
+# The run id heads every workflow id of the run: `<run>/<task>/<sample>` stays far below Temporal's 1,000 bytes.
+MAX_RUN_ID_BYTES = 200
 
 # Nesting beyond this is not data anyone means to send; bounding it keeps every recursive walk (ours,
 # pydantic's, the JSON encoders') far from Python's recursion limit.
