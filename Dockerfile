@@ -9,7 +9,7 @@ ENV PYTHONUNBUFFERED=1 \
 # bubblewrap: the env pool's sandbox for tool and test code. tini: PID 1 that forwards SIGTERM to
 # the worker (which then finishes in-flight activities) and reaps sandbox processes.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap tini \
+ && apt-get install -y --no-install-recommends bubblewrap libseccomp2 tini \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/gymflow

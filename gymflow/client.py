@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -50,7 +49,14 @@ from gymflow.kernel.store.db import (
 from gymflow.kernel.store.repo import save_rollout, upsert_run
 from gymflow.kernel.store.reports import run_report
 from gymflow.kernel.wire import RolloutInput, RolloutRecord, RolloutSummary, SamplingParams, Task
-from workers.connect import TemporalUnreachable, connect_temporal, quiet_runtime, resolve_addresses, startup_wait_s
+from workers.connect import (
+    TemporalUnreachable,
+    connect_temporal,
+    quiet_runtime,
+    resolve_addresses,
+    seconds_from_env,
+    startup_wait_s,
+)
 
 # started/attached: ran (or finished) during this call; finished: was already done; rejected: Temporal
 # refused to start it (recorded as a `start_rejected` failure).
@@ -75,11 +81,7 @@ class CollectResult:
 
 def reconnect_wait_from_env(environ: dict[str, str] | None = None) -> float:
     """How long a start or a wait rides out a Temporal outage: $GYMFLOW_RECONNECT_WAIT_S, default 600 s."""
-    raw = (os.environ if environ is None else environ).get(RECONNECT_WAIT_ENV, "")
-    try:
-        return max(float(raw), 0.0) if raw.strip() else DEFAULT_RECONNECT_WAIT_S
-    except ValueError:
-        raise ConfigError(f"{RECONNECT_WAIT_ENV}={raw!r}: expected seconds, e.g. 600") from None
+    return seconds_from_env(RECONNECT_WAIT_ENV, DEFAULT_RECONNECT_WAIT_S, environ)
 
 
 def is_transient(err: BaseException) -> bool:

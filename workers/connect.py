@@ -30,13 +30,18 @@ class TemporalUnreachable(GymflowError):
     """Temporal did not answer within a bound; the message says where and for how long."""
 
 
+def seconds_from_env(name: str, default: float, environ: dict[str, str] | None = None) -> float:
+    """A wait bound in seconds from the environment variable `name`, else `default`."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    try:
+        return max(float(raw), 0.0) if raw.strip() else default
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected seconds, e.g. {default:g}") from None
+
+
 def startup_wait_s(environ: dict[str, str] | None = None) -> float:
     """The startup bound from $GYMFLOW_STARTUP_WAIT_S (default 300 s)."""
-    raw = (os.environ if environ is None else environ).get(STARTUP_WAIT_ENV, "")
-    try:
-        return max(float(raw), 0.0) if raw.strip() else DEFAULT_STARTUP_WAIT_S
-    except ValueError:
-        raise ConfigError(f"{STARTUP_WAIT_ENV}={raw!r}: expected seconds, e.g. 300") from None
+    return seconds_from_env(STARTUP_WAIT_ENV, DEFAULT_STARTUP_WAIT_S, environ)
 
 
 def stack_file(settings: Settings) -> Path:
