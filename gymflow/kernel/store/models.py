@@ -71,3 +71,37 @@ class Generation(Base):
     generation_token_ids: Mapped[list[Any] | None] = mapped_column(JSONB)
     generation_log_probs: Mapped[list[Any] | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
+
+
+class TaskRow(Base):
+    """A dataset row, stored once per run: workflows carry (run, task id), never the task (migration 0003)."""
+
+    __tablename__ = "tasks"
+
+    run_id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    task_id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    env: Mapped[str] = mapped_column(sa.Text)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
+
+
+class MessageRow(Base):
+    """One message of an episode, pointing at its parent: a head id names the whole prefix (migration 0003).
+
+    Append-only. `producer` is the writing activity (`<workflow run id>/<activity id>`), so a retried or zombie
+    attempt finds the batch already written instead of adding a second one."""
+
+    __tablename__ = "messages"
+    __table_args__ = (sa.UniqueConstraint("rollout_id", "producer", "producer_index", name="messages_producer_key"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Identity(), primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(sa.Text)
+    parent_id: Mapped[int | None] = mapped_column(sa.BigInteger, sa.ForeignKey("messages.id"), index=True)
+    position: Mapped[int]
+    producer: Mapped[str] = mapped_column(sa.Text)
+    producer_index: Mapped[int]
+    role: Mapped[str] = mapped_column(sa.Text)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    state: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    tokens: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())

@@ -1,4 +1,4 @@
-"""Read-side queries over the SQL views (migration 0002) that users ask for most."""
+"""Read-side queries: the SQL views (migration 0002) plus what `gymflow report` and `gymflow show` print."""
 
 from __future__ import annotations
 
@@ -8,12 +8,89 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 VIEWS = ("run_scores", "failure_counts", "latency_percentiles")
+Row = dict[str, Any]
+
+# Per (type, message): its count and the first few rollout ids; the top `per_type` messages of each type.
+TOP_FAILURES = sa.text("""
+WITH grouped AS (
+  SELECT coalesce(failure_type, 'none') AS failure_type, coalesce(failure_message, '') AS failure_message,
+         count(*) AS n, (array_agg(id ORDER BY id))[1:(:examples)] AS examples
+  FROM rollouts WHERE run_id = :run AND (status = 'failed' OR masked)
+  GROUP BY 1, 2
+), ranked AS (
+  SELECT *, sum(n) OVER (PARTITION BY failure_type) AS type_n,
+         row_number() OVER (PARTITION BY failure_type ORDER BY n DESC, failure_message) AS rank,
+         count(*) OVER (PARTITION BY failure_type) AS messages
+  FROM grouped
+)
+SELECT failure_type, failure_message, n, examples, type_n, messages FROM ranked WHERE rank <= :per_type
+ORDER BY type_n DESC, failure_type, n DESC, failure_message
+""")
+
+# Only what the statistics and plots need: no transcripts, which can be megabytes per rollout.
+ROLLOUT_POINTS = sa.text("""
+SELECT id, task_id, sample_index, status, reward, masked, failure_type, latency_s, started_at, finished_at
+FROM rollouts WHERE run_id = :run ORDER BY task_id, sample_index
+""")
+
+# Token ids and logprobs can be tens of thousands of numbers per turn: count them in SQL, never fetch them.
+GENERATIONS = sa.text("""
+SELECT turn, attempt, model, finish_reason, prompt_tokens, completion_tokens, latency_s, created_at,
+       jsonb_array_length(coalesce(prompt_token_ids, '[]'::jsonb)) AS prompt_token_ids_n,
+       jsonb_array_length(coalesce(generation_token_ids, '[]'::jsonb)) AS generation_token_ids_n,
+       jsonb_array_length(coalesce(generation_log_probs, '[]'::jsonb)) AS log_probs_n,
+       prompt_token_ids IS NOT NULL AS has_prompt_token_ids,
+       generation_token_ids IS NOT NULL AS has_generation_token_ids,
+       generation_log_probs IS NOT NULL AS has_log_probs
+FROM generations WHERE rollout_id = :rid ORDER BY turn
+""")
 
 
-async def run_report(session: AsyncSession, run_id: str) -> dict[str, list[dict[str, Any]]]:
+async def _rows(session: AsyncSession, statement: sa.TextClause, **params: Any) -> list[Row]:
+    return [dict(r._mapping) for r in await session.execute(statement, params)]
+
+
+async def run_report(session: AsyncSession, run_id: str) -> dict[str, list[Row]]:
     """Rows of each view for one run, keyed by view name."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Row]] = {}
     for view in VIEWS:
         result = await session.execute(sa.text(f"SELECT * FROM {view} WHERE run_id = :run"), {"run": run_id})
         out[view] = [dict(r._mapping) for r in result]
     return out
+
+
+async def top_failures(session: AsyncSession, run_id: str, *, per_type: int = 3, examples: int = 3) -> list[Row]:
+    """The `per_type` most frequent messages of each failure type (failed or masked rollouts), most frequent type
+    first, each with its count `n`, the type's total `type_n`, its number of distinct `messages` and up to
+    `examples` rollout ids."""
+    return await _rows(session, TOP_FAILURES, run=run_id, per_type=per_type, examples=examples)
+
+
+async def rollout_points(session: AsyncSession, run_id: str) -> list[Row]:
+    """One small row per rollout of the run (reward, status, latency, times) for statistics and plots."""
+    return await _rows(session, ROLLOUT_POINTS, run=run_id)
+
+
+async def recent_runs(session: AsyncSession, limit: int = 5) -> list[str]:
+    """The most recently started run ids, for error messages that name what does exist."""
+    result = await session.execute(sa.text(
+        "SELECT run_id FROM rollouts GROUP BY run_id ORDER BY max(started_at) DESC LIMIT :n"), {"n": limit})
+    return [r[0] for r in result]
+
+
+async def rollout_detail(session: AsyncSession, rollout_id: str) -> Row | None:
+    """The rollout row (transcript and score details included) with its `generations`, or None if unknown."""
+    rows = await _rows(session, sa.text("SELECT * FROM rollouts WHERE id = :rid"), rid=rollout_id)
+    if not rows:
+        return None
+    detail = rows[0]
+    detail["generations"] = await _rows(session, GENERATIONS, rid=rollout_id)
+    return detail
+
+
+async def similar_rollout_ids(session: AsyncSession, rollout_id: str, limit: int = 5) -> list[str]:
+    """Ids of the same run (the part before the first '/'), for an error message about an unknown id."""
+    run_id = rollout_id.split("/", 1)[0]
+    result = await session.execute(sa.text("SELECT id FROM rollouts WHERE run_id = :run ORDER BY id LIMIT :n"),
+                                   {"run": run_id, "n": limit})
+    return [r[0] for r in result]

@@ -1,0 +1,123 @@
+"""Episode data by reference (docs/design-episode-data.md): tasks once per run, messages as an append-only chain.
+
+A workflow holds only a head message id; `read_chain(head)` is exactly the prefix that head extends. Writers
+append a batch under a producer key (`<workflow run id>/<activity id>`): the same producer appending again
+(a retry, or a zombie attempt racing the new one) gets the batch that was written first, never a second
+copy. Rows reachable from no accepted head (a zombie's, a reset run's) are simply not part of any episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gymflow.kernel.store.models import MessageRow, TaskRow
+from gymflow.kernel.store.repo import storable
+from gymflow.kernel.wire import Task
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """What an activity appends: the message (Chat Completions shape), and optionally the episode state after
+    it (tool messages that changed it) and its token data (assistant messages from a token-aware server)."""
+
+    role: str
+    body: dict[str, Any]
+    state: dict[str, Any] | None = None
+    tokens: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    parent_id: int | None
+    position: int
+    role: str
+    body: dict[str, Any]
+    state: dict[str, Any] | None
+    tokens: dict[str, Any] | None
+
+
+async def save_tasks(session: AsyncSession, run_id: str, tasks: Sequence[Task]) -> None:
+    """Store each task of a run once; storing the same run again changes nothing (rows are immutable)."""
+    if not tasks:
+        return
+    rows = [{"run_id": run_id, "task_id": t.id, "env": t.env, "body": t.model_dump(mode="json")} for t in tasks]
+    await session.execute(insert(TaskRow).values(storable(rows)).on_conflict_do_nothing())
+
+
+async def load_task(session: AsyncSession, run_id: str, task_id: str) -> Task | None:
+    body = await session.scalar(sa.select(TaskRow.body).where(TaskRow.run_id == run_id, TaskRow.task_id == task_id))
+    return None if body is None else Task.model_validate(body)
+
+
+async def append_messages(session: AsyncSession, *, rollout_id: str, parent_id: int | None, producer: str,
+                          messages: Sequence[NewMessage]) -> list[int]:
+    """Append `messages` after `parent_id` (None: the episode's first) and return their ids, in order.
+
+    Idempotent per (rollout, producer): when the producer already wrote its batch, that batch's ids come back
+    and nothing is written. Run it in its own transaction so a conflict is seen, not half-applied."""
+    if not messages:
+        raise ValueError("append_messages: nothing to append")
+    existing = await _produced(session, rollout_id, producer)
+    if existing:
+        return existing
+    position = 0
+    if parent_id is not None:
+        parent = await session.scalar(sa.select(MessageRow.position).where(
+            MessageRow.id == parent_id, MessageRow.rollout_id == rollout_id))
+        if parent is None:
+            raise LookupError(f"message {parent_id} is not part of rollout {rollout_id!r}")
+        position = parent + 1
+    ids: list[int] = []
+    previous = parent_id
+    for index, msg in enumerate(messages):
+        stmt = insert(MessageRow).values(
+            rollout_id=rollout_id, parent_id=previous, position=position + index, producer=producer,
+            producer_index=index, role=msg.role, body=storable(msg.body), state=storable(msg.state),
+            tokens=msg.tokens,
+        ).on_conflict_do_nothing(constraint="messages_producer_key").returning(MessageRow.id)
+        new_id = await session.scalar(stmt)
+        if new_id is None:  # a concurrent attempt of the same producer won: take its batch
+            return await _produced(session, rollout_id, producer)
+        ids.append(new_id)
+        previous = new_id
+    return ids
+
+
+async def _produced(session: AsyncSession, rollout_id: str, producer: str) -> list[int]:
+    rows = await session.scalars(sa.select(MessageRow.id).where(
+        MessageRow.rollout_id == rollout_id, MessageRow.producer == producer).order_by(MessageRow.producer_index))
+    return list(rows)
+
+
+_CHAIN = sa.text("""
+WITH RECURSIVE chain AS (
+    SELECT id, parent_id, position, role, body, state, tokens FROM messages WHERE id = :head
+  UNION ALL
+    SELECT m.id, m.parent_id, m.position, m.role, m.body, m.state, m.tokens
+    FROM messages m JOIN chain c ON m.id = c.parent_id
+)
+SELECT id, parent_id, position, role, body, state, tokens FROM chain ORDER BY position
+""")
+
+
+async def read_chain(session: AsyncSession, head_id: int) -> list[StoredMessage]:
+    """The episode up to and including `head_id`, first message first."""
+    rows = (await session.execute(_CHAIN, {"head": head_id})).all()
+    if not rows:
+        raise LookupError(f"message {head_id} does not exist")
+    return [StoredMessage(*row) for row in rows]
+
+
+def latest_state(chain: Sequence[StoredMessage]) -> dict[str, Any]:
+    """The episode state after the chain: the newest message that recorded one ({} when none did)."""
+    for message in reversed(chain):
+        if message.state is not None:
+            return message.state
+    return {}
