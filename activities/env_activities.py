@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 
+from activities import metrics
 from activities.boundary import boundary, heartbeating, retry_store
 from activities.model_client import ModelClients
 from activities.recorded import RecordedJudge, recorded
@@ -74,6 +75,7 @@ class EnvActivities:
 
     @activity.defn(name=names.SETUP_EPISODE)
     async def setup_episode(self, req: SetupRequest) -> EpisodeStart:
+        metrics.rollout_started(req.run_id, req.task.env, req.model, activity.info().attempt)
         with boundary():
             with boundary("environment", f"{req.task.env} setup"):
                 env = get_environment(req.task.env)
@@ -104,7 +106,9 @@ class EnvActivities:
                 # Heartbeat while the tool runs: a killed env worker is noticed at the heartbeat timeout.
                 out = await heartbeating(env.call_tool(data, dict(req.state), name, args))
             except ToolError as e:
+                metrics.tool_call(req.task.env, "error")
                 return ToolResult(message=_tool_message(req, f"Error: {e}"), state=req.state, is_error=True)
+            metrics.tool_call(req.task.env, "ok")
             return ToolResult(message=_tool_message(req, out.content), state=out.state)
 
     @activity.defn(name=names.VERIFY)

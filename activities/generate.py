@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import metrics
 from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
 from activities.model_client import Completion, CompletionChoice, CompletionMessage, ModelClients, bad_response
 from activities.recorded import recorded
@@ -103,7 +104,8 @@ class GenerateActivities:
             try:
                 resp = await heartbeating(self._models.create(req.model, _request_body(cfg, req)), req.turn)
             except ApplicationError as e:
-                activity.logger.warning("generation failed: %s", e.type)
+                activity.logger.debug("generation failed: %s", e.type)  # the SDK logs the failure once
+                metrics.generation_failed(req.model, e.type)
                 raise
         choice = resp.choices[0]
         try:
@@ -112,6 +114,7 @@ class GenerateActivities:
             raise bad_response(req.model, short_message(e, 200)) from None
         usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
                       completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
+        metrics.generation_done(req.model, time.monotonic() - started, usage)
         await self._save(req, dict(
             attempt=attempt, model=req.model, finish_reason=choice.finish_reason, prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens, latency_s=time.monotonic() - started,

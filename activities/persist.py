@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 
+from activities import metrics
 from activities.boundary import boundary, retry_store
 from gymflow.kernel import names
 from gymflow.kernel.store.repo import save_rollout
@@ -27,3 +28,4 @@ class PersistActivities:
 
         with boundary(where=f"persisting {record.summary.rollout_id[:200]}"):
             await retry_store(write, "persisting the rollout", budget_s=PERSIST_RETRY_S)
+        metrics.rollout_finished(record)

@@ -37,6 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gymflow.kernel import failures, names
 from gymflow.kernel.config import Settings
+from gymflow.kernel.episode_wire import episode_input
 from gymflow.kernel.errors import ConfigError, GymflowError
 from gymflow.kernel.limits import MAX_RUN_ID_BYTES
 from gymflow.kernel.store.db import (
@@ -46,6 +47,7 @@ from gymflow.kernel.store.db import (
     make_sessionmaker,
     migrate_when_reachable,
 )
+from gymflow.kernel.store.episodes import save_tasks
 from gymflow.kernel.store.repo import save_rollout, upsert_run
 from gymflow.kernel.store.reports import run_report
 from gymflow.kernel.wire import RolloutInput, RolloutRecord, RolloutSummary, SamplingParams, Task
@@ -56,6 +58,7 @@ from workers.connect import (
     resolve_addresses,
     seconds_from_env,
     startup_wait_s,
+    temporal_options,
 )
 
 # started/attached: ran (or finished) during this call; finished: was already done; rejected: Temporal
@@ -176,6 +179,7 @@ class GymflowClient:
         self.settings = settings
         self.reconnect_wait_s = reconnect_wait_from_env() if reconnect_wait_s is None else reconnect_wait_s
         self.on_notice: Callable[[str], None] = on_notice or log.warning  # the CLI prints these lines
+        self._stored_tasks: set[tuple[str, str]] = set()  # (run, task) already in `tasks`, for by-reference runs
         self._outage = _Outage(temporal.service_client.config.target_host, lambda m: self.on_notice(m))
         self._database_url = database_url
         self._engine = make_engine(database_url, pool_size=2)
@@ -188,9 +192,10 @@ class GymflowClient:
         temporal_address, database_url = resolve_addresses(settings)
         wait = startup_wait_s() if wait_s is None else wait_s
         notify = on_notice or log.warning
+        options = temporal_options(settings)  # a missing API key variable or cert file fails before any wait
         await migrate_when_reachable(database_url, wait_s=wait, on_wait=notify)
-        temporal = await connect_temporal(temporal_address, settings.temporal.namespace, wait_s=wait, on_wait=notify,
-                                          runtime=quiet_runtime())
+        temporal = await connect_temporal(temporal_address, wait_s=wait, on_wait=notify, runtime=quiet_runtime(),
+                                          options=options)
         return cls(temporal, settings, database_url, on_notice=on_notice)
 
     async def close(self) -> None:
@@ -230,14 +235,33 @@ class GymflowClient:
                 self._outage.recovered()
             return out
 
+    async def store_tasks(self, run_id: str, tasks: Sequence[Task]) -> None:
+        """Store a run's tasks once, for the by-reference workflow (its input carries only the task id)."""
+        todo = list({t.id: t for t in tasks if (run_id, t.id) not in self._stored_tasks}.values())
+        for start in range(0, len(todo), 500):
+            chunk = todo[start:start + 500]
+
+            async def write(chunk: list[Task] = chunk) -> None:
+                async with self._sessions.begin() as session:
+                    await save_tasks(session, run_id, chunk)
+
+            await self._with_store(write, f"storing the tasks of run {run_id}")
+            self._stored_tasks.update((run_id, t.id) for t in chunk)
+
     async def start_rollout(self, inp: RolloutInput, *, retry_failed: bool = False
                             ) -> tuple[WorkflowHandle[Any, RolloutSummary], Outcome]:
         """Start (or attach to) the rollout's workflow. Raises RPCError when Temporal refuses this one."""
         rid = inp.rollout_id
 
+        by_reference = self.settings.rollout.workflow == "episode"
+        if by_reference:
+            await self.store_tasks(inp.run_id, [inp.task])
+        workflow, arg = ((names.EPISODE_WORKFLOW, episode_input(inp)) if by_reference
+                         else (names.ROLLOUT_WORKFLOW, inp))
+
         def start() -> Awaitable[WorkflowHandle[Any, RolloutSummary]]:
             return self.temporal.start_workflow(
-                names.ROLLOUT_WORKFLOW, inp, id=rid, task_queue=names.WORKFLOWS_QUEUE,
+                workflow, arg, id=rid, task_queue=names.WORKFLOWS_QUEUE,
                 result_type=RolloutSummary, execution_timeout=WORKFLOW_TIMEOUT,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=(WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY if retry_failed
@@ -271,20 +295,27 @@ class GymflowClient:
     async def _save(self, summary: RolloutSummary, inp: RolloutInput) -> None:
         """Record a rollout the workflow could not; waits (bounded) for Postgres to come back."""
         record = RolloutRecord(summary=summary, env=inp.task.env, model=inp.model)
+
+        async def write() -> None:
+            async with self._sessions.begin() as session:
+                await save_rollout(session, record)
+
+        await self._with_store(write, f"record rollout {inp.rollout_id}")
+
+    async def _with_store(self, write: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run `write` (one transaction), waiting (bounded) for an unreachable Postgres to come back."""
         started = time.monotonic()
         while True:
             try:
-                async with self._sessions.begin() as session:
-                    await save_rollout(session, record)
-                return
+                return await write()
             except OperationalError as err:
                 waited = time.monotonic() - started
                 where = database_location(self._database_url)
                 if not is_unreachable(err) or waited >= self.reconnect_wait_s:
                     raise GymflowError(
-                        f"Postgres at {where} refused or did not take rollout {inp.rollout_id} "
-                        f"({failures.short_message(err.orig or err, 200)}); run the same command again once it "
-                        "is back: the rollout is recorded then", failure_type=failures.STORE_UNAVAILABLE) from None
+                        f"Postgres at {where} refused or did not answer ({what}: "
+                        f"{failures.short_message(err.orig or err, 200)}); run the same command again once it "
+                        "is back", failure_type=failures.STORE_UNAVAILABLE) from None
                 self.on_notice(f"Postgres at {where} unreachable, retrying (since {waited:.0f} s)")
                 await asyncio.sleep(min(5.0, 0.5 + waited / 2))
 
@@ -328,6 +359,8 @@ class GymflowClient:
         tasks = list(tasks)
         check_collectable(self.settings, {t.env for t in tasks}, model, run_id)
         inputs = [self.make_input(run_id, t, i, model, sampling, max_turns) for t in tasks for i in range(n)]
+        if self.settings.rollout.workflow == "episode":
+            await self.store_tasks(run_id, tasks)  # in bulk, before any workflow needs them
         results: asyncio.Queue[CollectResult | BaseException] = asyncio.Queue()
         slots = asyncio.Semaphore(max_in_flight)
 

@@ -105,13 +105,15 @@ class GeneratePool:
         self.config_file, self.log_dir = config_file, log_dir
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.metrics_url = f"http://127.0.0.1:{free_port()}/metrics"  # its --metrics endpoint (test_metrics.py)
 
     def start(self) -> subprocess.Popen:
         self.starts += 1
         log = open(self.log_dir / f"generate-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", "generate", "-v",
-             "--config", str(self.config_file)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+             "--metrics", self.metrics_url.split("/")[2], "--config", str(self.config_file)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self.proc
 
     def logs(self) -> str:

@@ -112,8 +112,9 @@ class Collector:
         return (self.logs / f"collect-{run}.log").read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def chaos_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+@pytest.fixture(scope="module", params=["classic", "episode"])
+def chaos_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A stack per workflow shape: the classic one (episode in history) and the by-reference one."""
     work = tmp_path_factory.mktemp("chaos")
     os.chmod(work, 0o755)  # embedded Postgres runs as its own system user when we are root
     logs = work / "logs"
@@ -131,7 +132,7 @@ def chaos_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             "models": {"policy": {"base_url": f"http://127.0.0.1:{model_port}/v1", "model": "chaos",
                                   "request_timeout_s": 2, "concurrency": 64}},
             "pools": {"generate": {"concurrency": 64}, "env": {"concurrency": 16}},
-            "rollout": {"max_turns": 4, "limits": LIMITS},
+            "rollout": {"max_turns": 4, "limits": LIMITS, "workflow": request.param},
         }))
         dataset = work / "tasks.jsonl"
         dataset.write_text("".join(json.dumps({"id": f"t{i}", "messages": [

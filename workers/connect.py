@@ -7,15 +7,19 @@ import functools
 import json
 import logging
 import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import LoggingConfig, PrometheusConfig, Runtime, TelemetryConfig, TelemetryFilter
+from temporalio.service import TLSConfig
 
-from gymflow.kernel.config import Settings
+from gymflow.kernel.config import Settings, TemporalTLSConfig
 from gymflow.kernel.errors import ConfigError, GymflowError
 
 STACK_FILE = "stack.json"
@@ -75,27 +79,156 @@ def prometheus_runtime(bind: str) -> Runtime:
     return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind)))
 
 
+@dataclass(frozen=True, repr=False)
+class TemporalOptions:
+    """How to reach Temporal besides the address: namespace, TLS, API key. Holds secrets (the key, a client
+    private key): its repr is `describe()`, which names where they came from and never shows them."""
+
+    namespace: str = "default"
+    tls: bool | TLSConfig = False
+    api_key: str | None = None
+    rpc_metadata: Mapping[str, str] = field(default_factory=dict)
+    api_key_source: str | None = None  # e.g. "$TEMPORAL_API_KEY", for messages
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `Client.connect` (besides the address, data converter and runtime)."""
+        return {"namespace": self.namespace, "tls": self.tls, "api_key": self.api_key,
+                "rpc_metadata": dict(self.rpc_metadata)}
+
+    def describe(self) -> str:
+        if self.tls is False:
+            how = "plaintext"
+        elif isinstance(self.tls, TLSConfig) and self.tls.client_cert:
+            how = "mTLS (client certificate)"
+        else:
+            how = "TLS"
+        if isinstance(self.tls, TLSConfig) and self.tls.server_root_ca_cert:
+            how += ", private CA"
+        if self.api_key:
+            how += f", API key from {self.api_key_source or 'config'}"
+        return f"namespace {self.namespace}, {how}"
+
+    __repr__ = describe
+
+
+def _sdk_env_config(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Temporal's own environment configuration (TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_*,
+    TEMPORAL_GRPC_META_*, and the TOML profile at $TEMPORAL_CONFIG_FILE or ~/.config/temporalio/temporal.toml),
+    read by the SDK itself so that its variables mean here what they mean to the `temporal` CLI."""
+    try:
+        from temporalio.envconfig import ClientConfig
+    except ImportError:  # an SDK without envconfig: gymflow's own keys only
+        return {}
+    try:
+        return dict(ClientConfig.load_client_connect_config(profile=environ.get("TEMPORAL_PROFILE"),
+                                                            override_env_vars=dict(environ)))
+    except Exception as err:  # a malformed TOML profile or an unreadable TEMPORAL_TLS_* file
+        raise ConfigError(f"Temporal environment configuration (TEMPORAL_* variables, temporal.toml): "
+                          f"{_first_line(err)}; or set temporal.env_config: false") from None
+
+
+def _read_pem(path: Path | None, key: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.expanduser().read_bytes()
+    except OSError as err:
+        raise ConfigError(f"temporal.tls.{key}: cannot read {path}: {err.strerror or err}") from None
+
+
+def _tls_from_files(tls: TemporalTLSConfig) -> bool | TLSConfig:
+    if not tls.enabled:
+        return False
+    return TLSConfig(server_root_ca_cert=_read_pem(tls.ca_cert, "ca_cert"), domain=tls.server_name,
+                     client_cert=_read_pem(tls.client_cert, "client_cert"),
+                     client_private_key=_read_pem(tls.client_key, "client_key"))
+
+
+def temporal_options(settings: Settings, environ: Mapping[str, str] | None = None) -> TemporalOptions:
+    """Namespace, TLS and API key from the config's `temporal` section; what it leaves unset comes from
+    Temporal's environment configuration (unless `temporal.env_config: false`). The API key is read from
+    the variable that `temporal.api_key_env` names, so it is never in a config file."""
+    cfg = settings.temporal
+    env = os.environ if environ is None else environ
+    sdk = _sdk_env_config(env) if cfg.env_config else {}
+    namespace = cfg.namespace if "namespace" in cfg.model_fields_set else sdk.get("namespace", cfg.namespace)
+    api_key, source = None, None
+    if cfg.api_key_env:
+        api_key = env.get(cfg.api_key_env, "").strip()
+        if not api_key:
+            raise ConfigError(f"temporal.api_key_env: environment variable ${cfg.api_key_env} is not set or empty")
+        source = f"${cfg.api_key_env}"
+    elif sdk.get("api_key"):
+        api_key, source = sdk["api_key"], "Temporal env config ($TEMPORAL_API_KEY or profile)"
+    if cfg.tls is not None:
+        tls: bool | TLSConfig = _tls_from_files(cfg.tls)
+    elif "tls" in sdk:
+        tls = sdk["tls"]
+    else:
+        tls = api_key is not None  # as the SDK does: an API key (Temporal Cloud) implies TLS, system roots
+    return TemporalOptions(namespace=namespace, tls=tls, api_key=api_key, api_key_source=source,
+                           rpc_metadata=sdk.get("rpc_metadata") or {})
+
+
+# Connect errors that waiting does not cure: a certificate or key the server (or we) refuse, bad credentials.
+_FATAL_MARKERS = ("certificate", "alert", "unknownissuer", "unauthenticated", "permission denied",
+                  "permissiondenied", "api key")
+
+
+def _is_fatal(err: BaseException) -> bool:
+    text = str(err).lower()
+    return any(m in text for m in _FATAL_MARKERS)
+
+
+async def connect_configured(settings: Settings, *, wait_s: float = 30.0, runtime: Runtime | None = None,
+                             on_wait: Callable[[str], None] | None = None) -> Client:
+    """The one front door for workers, the client and the CLI: address from config/env/`gymflow up`,
+    namespace/TLS/API key from `temporal_options`."""
+    address, _ = resolve_addresses(settings)
+    return await connect_temporal(address, wait_s=wait_s, runtime=runtime, on_wait=on_wait,
+                                  options=temporal_options(settings))
+
+
 async def connect_temporal(address: str, namespace: str = "default", wait_s: float = 30.0,
-                           runtime: Runtime | None = None, on_wait: Callable[[str], None] | None = None) -> Client:
+                           runtime: Runtime | None = None, on_wait: Callable[[str], None] | None = None,
+                           *, options: TemporalOptions | None = None) -> Client:
     """Connect, retrying for up to `wait_s`: the server may not be up yet, or accept TCP before gRPC.
-    Each retry after the first few seconds is announced through `on_wait` (default: a log warning)."""
+    Each retry after the first few seconds is announced through `on_wait` (default: a log warning).
+    `options` (TLS, API key, its namespace) replace `namespace`; a TLS or auth refusal is not retried."""
+    opts = options or TemporalOptions(namespace=namespace)
     notify = on_wait or log.warning
     started = time.monotonic()
     delay, last_note = 0.5, -float("inf")
     while True:
         try:
-            return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter,
-                                        runtime=runtime)
+            return await Client.connect(address, data_converter=pydantic_data_converter, runtime=runtime,
+                                        **opts.connect_kwargs())
         except RuntimeError as err:  # the SDK's "Failed client connect: ..."
             waited = time.monotonic() - started
+            if _is_fatal(err):
+                raise TemporalUnreachable(
+                    f"Temporal at {address} refused the connection ({opts.describe()}): {_gist(err)}; "
+                    "check temporal.tls (ca_cert, client_cert/client_key, server_name) and temporal.api_key_env"
+                ) from None
             if waited >= wait_s:
+                hint = "; if it expects TLS, set temporal.tls" if opts.tls is False else ""
                 raise TemporalUnreachable(f"Temporal at {address} unreachable for {waited:.0f} s, gave up "
-                                          f"({_first_line(err)}); start it or fix TEMPORAL_ADDRESS") from None
+                                          f"({_first_line(err)}); start it or fix TEMPORAL_ADDRESS{hint}") from None
             if waited >= 2.0 and waited - last_note >= 5.0:  # a server that is just starting is not news
                 notify(f"Temporal at {address} unreachable, retrying (since {waited:.0f} s)")
                 last_note = waited
             await asyncio.sleep(min(delay, max(wait_s - waited, 0.05)))
             delay = min(delay * 2, 5.0)
+
+
+_GIST = re.compile(r"received fatal alert: \w+|InvalidCertificate\(\w+\)|Unauthenticated[^,}]*|PermissionDenied[^,}]*")
+
+
+def _gist(err: BaseException) -> str:
+    """The telling part of a TLS/auth refusal (e.g. `received fatal alert: CertificateRequired`), not the
+    whole nested Rust error."""
+    found = _GIST.search(str(err))
+    return found.group(0) if found else _first_line(err)
 
 
 def _first_line(err: BaseException) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -9,12 +11,16 @@ from temporalio.client import Client
 
 from gymflow.kernel import names
 
-# queue -> the kind of task its pool polls for
+# queue -> the kind of task its pool polls for; generate queues are per model (see pool_queues)
 POOL_QUEUES = {
     names.WORKFLOWS_QUEUE: TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
     names.ENV_QUEUE: TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-    names.GENERATE_QUEUE: TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
 }
+
+
+def pool_queues(models: Iterable[str] = ()) -> dict[str, TaskQueueType.ValueType]:
+    """The queues a collection for `models` needs polled: workflows, env, and each model's generate queue."""
+    return {**POOL_QUEUES, **{names.generate_queue(m): TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY for m in models}}
 
 
 async def pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) -> int:
@@ -24,6 +30,6 @@ async def pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) -> 
     return len(resp.pollers)
 
 
-async def idle_pools(client: Client) -> list[str]:
-    """Task queues that no worker polls."""
-    return [q for q, kind in POOL_QUEUES.items() if await pollers(client, q, kind) == 0]
+async def idle_pools(client: Client, models: Iterable[str] = ()) -> list[str]:
+    """Task queues that no worker polls, among those a collection for `models` needs."""
+    return [q for q, kind in pool_queues(models).items() if await pollers(client, q, kind) == 0]

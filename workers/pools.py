@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -14,6 +14,7 @@ from temporalio.worker import Worker
 
 from gymflow.kernel import names
 from gymflow.kernel.config import Settings
+from gymflow.kernel.errors import ConfigError
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
 
 Pool = Literal["workflows", "env", "generate", "all"]
@@ -31,17 +32,42 @@ class PoolWorkers:
 
 
 def _workflow_worker(client: Client, settings: Settings) -> Worker:
+    from workflows.episode import EpisodeWorkflow
     from workflows.rollout import RolloutWorkflow
 
-    return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[RolloutWorkflow],
+    return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[RolloutWorkflow, EpisodeWorkflow],
                   max_concurrent_workflow_tasks=min(settings.pools.workflows.concurrency, 200),
                   max_cached_workflows=max(settings.pools.workflows.concurrency, 100),
                   graceful_shutdown_timeout=timedelta(seconds=10))
 
 
+def served_models(settings: Settings, models: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The models a generate worker serves: `models` (`--models`), default every configured one."""
+    if models is None:
+        return tuple(sorted(settings.models))
+    chosen = tuple(dict.fromkeys(m.strip() for m in models if m.strip()))
+    unknown = [m for m in chosen if m not in settings.models]
+    if unknown or not chosen:
+        known = ", ".join(sorted(settings.models)) or "none"
+        what = f"not configured: {', '.join(unknown)}" if unknown else "empty"
+        raise ConfigError(f"--models: {what} (models: {known})")
+    return chosen
+
+
+def generate_queues(settings: Settings, served: Sequence[str]) -> list[str]:
+    """The task queues a generate worker for `served` polls. A worker that serves every configured model also
+    polls the old shared queue, where activities scheduled before per-model queues (and their retries) wait."""
+    queues = [names.generate_queue(m) for m in served]
+    if set(served) >= set(settings.models):
+        queues.append(names.GENERATE_QUEUE)
+    return queues
+
+
 def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str,
-               shutdown_grace: timedelta = timedelta(seconds=30)) -> PoolWorkers:
-    """Workers for `pool` ('all' = every pool in this process). Applies migrations first."""
+               shutdown_grace: timedelta = timedelta(seconds=30), generate_models: Sequence[str] | None = None
+               ) -> PoolWorkers:
+    """Workers for `pool` ('all' = every pool in this process). Applies migrations first.
+    `generate_models`: the models whose generate queues to poll (default: every configured model)."""
     wanted = POOLS if pool == "all" else (pool,)
     out = PoolWorkers(workers=[])
     if "workflows" in wanted:
@@ -54,6 +80,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
     out.closers.append(engine.dispose)
     sessions = make_sessionmaker(engine)
 
+    from activities.episode import EpisodeActivities
     from activities.model_client import ModelClients
 
     models = ModelClients(settings.models)
@@ -67,10 +94,12 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
 
         env = EnvActivities(sessions, models, settings.environments)
         persist = PersistActivities(sessions)
+        episode = EpisodeActivities(sessions, models, settings.environments)
         concurrency = settings.pools.env.concurrency
         out.workers.append(Worker(
             client, task_queue=names.ENV_QUEUE,
-            activities=[env.setup_episode, env.call_tool, env.verify, persist.persist_rollout],
+            activities=[env.setup_episode, env.call_tool, env.verify, persist.persist_rollout,
+                        episode.begin, episode.run_tools, episode.finish],
             activity_executor=ThreadPoolExecutor(concurrency), max_concurrent_activities=concurrency,
             max_task_queue_activities_per_second=settings.pools.env.rate_limit_per_s,
             graceful_shutdown_timeout=shutdown_grace))
@@ -78,9 +107,13 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
         from activities.generate import GenerateActivities
 
         gen = GenerateActivities(models, sessions)
-        out.workers.append(Worker(
-            client, task_queue=names.GENERATE_QUEUE, activities=[gen.generate],
-            max_concurrent_activities=settings.pools.generate.concurrency,
-            max_task_queue_activities_per_second=settings.pools.generate.rate_limit_per_s,
-            graceful_shutdown_timeout=shutdown_grace))
+        episode_gen = EpisodeActivities(sessions, models, settings.environments)
+        # One worker per model queue: a rollout waits for a worker that has its model instead of failing on
+        # one that lacks it. Concurrency and the rate limit apply per model queue.
+        for queue in generate_queues(settings, served_models(settings, generate_models)):
+            out.workers.append(Worker(
+                client, task_queue=queue, activities=[gen.generate, episode_gen.generate],
+                max_concurrent_activities=settings.pools.generate.concurrency,
+                max_task_queue_activities_per_second=settings.pools.generate.rate_limit_per_s,
+                graceful_shutdown_timeout=shutdown_grace))
     return out

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 
 from temporalio.client import Client
 
 from gymflow.kernel.config import Settings
 from gymflow.kernel.store.db import migrate_when_reachable
-from workers.connect import connect_temporal, prometheus_runtime, resolve_addresses, startup_wait_s
-from workers.pools import Pool, build_pool
+from workers import metrics
+from workers.connect import connect_temporal, resolve_addresses, startup_wait_s, temporal_options
+from workers.pools import Pool, build_pool, served_models
 
 log = logging.getLogger("gymflow.worker")
 
@@ -19,17 +21,22 @@ log = logging.getLogger("gymflow.worker")
 async def _dependencies(settings: Settings, pool: Pool, metrics_bind: str | None) -> tuple[Client, str]:
     """Wait (bounded) for Postgres, when the pool writes to it, and for Temporal: a worker may start first."""
     temporal, database = resolve_addresses(settings)
+    options = temporal_options(settings)  # TLS / API key: a missing key or cert file fails now, not after waits
     wait_s = startup_wait_s()
     if pool != "workflows":
         # Migrations run here, with retries, so build_pool's own migrate finds the schema at head.
         await migrate_when_reachable(database, wait_s=wait_s, on_wait=log.warning)
-    runtime = prometheus_runtime(metrics_bind) if metrics_bind else None
-    client = await connect_temporal(temporal, settings.temporal.namespace, wait_s=wait_s, runtime=runtime,
-                                    on_wait=log.warning)
+    # One endpoint per worker: rollout metrics plus the SDK's (task slots, schedule-to-start, pollers).
+    runtime = metrics.serve(metrics_bind) if metrics_bind else None
+    client = await connect_temporal(temporal, wait_s=wait_s, runtime=runtime, on_wait=log.warning, options=options)
+    log.info("connected to Temporal at %s (%s)", temporal, options.describe())  # describe() never shows secrets
     return client, database
 
 
-async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = None) -> None:
+async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = None,
+                   models: Sequence[str] | None = None) -> None:
+    """`models`: the generate queues to poll (default: every configured model)."""
+    served = served_models(settings, models)  # an unknown --models name fails before any wait
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -45,7 +52,7 @@ async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = No
         return
     stopper.cancel()
     client, database = starting.result()
-    built = build_pool(client, settings, pool, database)
+    built = build_pool(client, settings, pool, database, generate_models=served)
     log.info("pool %s polling %s", pool, ", ".join(w.task_queue for w in built.workers))
     try:
         runs = [asyncio.create_task(w.run()) for w in built.workers]

@@ -144,7 +144,7 @@ class RolloutWorkflow:
         self._turn, self._progress = ep.turn, ep
         # The run's sampling settings override the dataset row's.
         sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
-        gen_opts = activity_options(inp.limits.generate, names.GENERATE_QUEUE)
+        gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
         env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
         turns_here = 0
         size = sum(map(_size, ep.messages))  # kept as messages are added, not re-measured every turn

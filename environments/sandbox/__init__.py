@@ -27,6 +27,8 @@ as `main.py` in a private working directory next to `files`; the result carries 
 - stdout and stderr are read incrementally; past `output_bytes` the sandbox is killed. A wall-clock
   timeout kills the process group (bwrap), and `--die-with-parent` takes the namespace down with it.
   Output read before a kill is kept even when the pipes take a while to close. See docs/security.md.
+- bwrap exits before its pid namespace's init, orphaning it: the process running sandboxes makes itself a
+  child subreaper and reaps each run's init (`reaper.py`), so no host needs an init process (`init: true`).
 
 Unsandboxed mode (`UnsandboxedRunner`) keeps the rlimits (minus the process limit), the output cap and
 the timeout but isolates nothing: the code can read and write your files and use the network. It is

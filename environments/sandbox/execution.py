@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from environments.sandbox.reaper import become_subreaper, reap_init
 from environments.sandbox.types import _CHUNK, _MEMORY_MARKERS, Limits, SandboxResult, SandboxStatus, _Run
 
 _TEARDOWN_S = 10.0  # after the kill, how long the pipes may take to reach EOF
@@ -73,6 +74,9 @@ async def _execute(spawn: _Spawn, stdin: bytes, limits: Limits, chan: _Channels,
     extra: dict[str, Any] = {}
     if spawn.user is not None:
         extra = {"user": spawn.user, "group": spawn.user, "extra_groups": []}
+    if reports_init:
+        become_subreaper()  # bwrap's init outlives bwrap: be the one it is handed to (see reaper.py)
+    init: int | None = None
     try:
         start = time.monotonic()
         try:
@@ -92,10 +96,12 @@ async def _execute(spawn: _Spawn, stdin: bytes, limits: Limits, chan: _Channels,
             stopped = await _wait(proc, over, stop, limits.wall_s)
         finally:
             if proc.returncode is None:
-                await _stop(proc, chan.info_r if reports_init else None)
+                init = await _stop(proc, chan.info_r if reports_init else None)
             _kill_group(proc)  # the unsandboxed runner's stragglers
             wall = time.monotonic() - start
             await _teardown(proc, out, err, feeder)
+            if reports_init:
+                await reap_init(init if init is not None else _read_init(chan.info_r))
         (stdout, out_cut), (stderr, err_cut) = out_sink.result(), err_sink.result()
         return _Run(proc.returncode, stdout, out_cut, stderr, err_cut, stopped, _started(chan.ready_r), wall)
     finally:
@@ -121,16 +127,30 @@ async def _wait(proc: asyncio.subprocess.Process, over: asyncio.Event, stop: asy
     return SandboxStatus.KILLED if stopping in done else SandboxStatus.TIMEOUT
 
 
-async def _stop(proc: asyncio.subprocess.Process, info_r: int | None) -> None:
+async def _stop(proc: asyncio.subprocess.Process, info_r: int | None) -> int | None:
     """Kill a running child. Under bwrap, kill its pid namespace's init first: that ends every process in
     the namespace at once, whereas the init may not have armed --die-with-parent yet (a child stopped
-    right after its start) and --new-session took it out of our process group."""
+    right after its start) and --new-session took it out of our process group. Returns the init's pid."""
+    init = None
     if info_r is not None:
         init = await _namespace_init(proc, info_r)
         if init is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(init, signal.SIGKILL)
     _kill_group(proc)
+    return init
+
+
+def _read_init(info_r: int) -> int | None:
+    """The init's pid from --info-fd once bwrap has exited (it wrote it at start, if it got that far)."""
+    os.set_blocking(info_r, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(info_r, 4096):
+            data += chunk
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        return int(json.loads(data)["child-pid"])
+    return None
 
 
 async def _namespace_init(proc: asyncio.subprocess.Process, info_r: int, wait_s: float = 5.0) -> int | None:

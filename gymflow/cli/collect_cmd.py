@@ -15,6 +15,7 @@ from gymflow.client import GymflowClient, check_collectable
 from gymflow.kernel.config import Settings
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.errors import GymflowError
+from gymflow.kernel.names import generate_queue
 from gymflow.kernel.wire import SamplingParams
 from workers.health import idle_pools
 
@@ -44,7 +45,13 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
 
     client = await GymflowClient.connect(settings, on_notice=notice)
     try:
-        for queue in await idle_pools(client.temporal):
+        for queue in await idle_pools(client.temporal, [model]):
+            if queue == generate_queue(model):
+                console.print("[yellow]warning[/yellow]: " + escape(
+                    f"no generate worker serves model {model!r} (task queue {queue!r}); its rollouts will wait until "
+                    f"one starts (`gymflow worker --pool generate --models {model}`) or their timeouts end them"),
+                    highlight=False)
+                continue
             console.print(f"[yellow]warning[/yellow]: no worker polls task queue {queue!r}; its rollouts will wait "
                           "until a worker starts (`gymflow worker --pool ...`) or their timeouts end them")
         envs = env or ",".join(sorted({t.env for t in tasks}))

@@ -11,6 +11,7 @@ import click
 
 from gymflow.kernel.config import Settings, load_settings
 from gymflow.kernel.errors import GymflowError
+from gymflow.kernel.logfilter import quiet_expected_failures
 
 T = TypeVar("T")
 
@@ -33,7 +34,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def setup_logging(verbose: bool) -> None:
+    """WARNING (INFO with `verbose`) to stderr, one line per expected activity failure."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request URL at INFO; keep it quiet so logs stay about rollouts.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # An expected, typed activity failure (a model 400, a bad task) logs one line, not a traceback.
+    quiet_expected_failures()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -13,9 +16,11 @@ from rich.console import Console
 
 from gymflow.cli.collect_cmd import collect_dataset
 from gymflow.cli.common import config_option, settings_or_exit, setup_logging
+from gymflow.cli.progress import Tally
 from gymflow.cli.stack_cmd import spawn_pool, start_stack, stop_all
 from gymflow.kernel.config import ModelConfig, Settings
 
+POOLS_START_S = 120.0  # a cold start (imports, migrations) takes seconds; a pool that cannot start exits
 EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared/data/nemo_gym/example_single_tool_call/example.jsonl"
 NO_MODEL = (
     "no model endpoint configured under models.{model}. Either run `gymflow demo --scripted` (a scripted "
@@ -72,6 +77,32 @@ def demo(config_path: str | None, scripted: bool, dataset: str, env_name: str, n
             server.stop()
 
 
+async def _wait_for_pools(settings: Settings, procs: Sequence[subprocess.Popen], model: str,
+                          timeout_s: float = POOLS_START_S) -> None:
+    """Return once every queue the collection needs is polled. collect warns about a queue nobody polls,
+    and here that would only mean that the pools this command just spawned are still starting."""
+    from workers.connect import connect_configured
+    from workers.health import idle_pools
+
+    client = await connect_configured(settings, wait_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while idle := await idle_pools(client, [model]):
+        if dead := [p for p in procs if p.poll() is not None]:
+            raise click.ClickException(f"a worker pool exited with code {dead[0].returncode} while starting "
+                                       "(its log is above)")
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"no worker polled {', '.join(idle)} within {timeout_s:.0f} s of starting")
+        await asyncio.sleep(0.25)
+
+
+async def _collect_when_polled(settings: Settings, procs: Sequence[subprocess.Popen], dataset: str, env_name: str,
+                               n: int, console: Console) -> Tally:
+    console.print("waiting for the worker pools to start polling")
+    await _wait_for_pools(settings, procs, "policy")
+    return await collect_dataset(settings, dataset, env=env_name, model="policy", n=n, run_id=f"demo-{env_name}",
+                                 console=console)
+
+
 def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_name: str, n: int) -> None:
     console = Console()
     stack = start_stack(settings)
@@ -84,8 +115,7 @@ def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_nam
         settings = settings.model_copy(update={
             "temporal": settings.temporal.model_copy(update={"address": addr.temporal_address}),
             "database": settings.database.model_copy(update={"url": addr.database_url})})
-        tally = asyncio.run(collect_dataset(settings, dataset, env=env_name, model="policy", n=n,
-                                            run_id=f"demo-{env_name}", console=console))
+        tally = asyncio.run(_collect_when_polled(settings, procs, dataset, env_name, n, console))
         console.print(f"results are in Postgres: {addr.database_url} (tables runs, rollouts, generations; "
                       "views run_scores, failure_counts, latency_percentiles)")
     finally:

@@ -15,6 +15,7 @@ from gymflow.cli.demo_cmd import demo
 from gymflow.cli.env_cmd import env
 from gymflow.cli.report_cmd import report
 from gymflow.cli.resume_cmd import resume
+from gymflow.cli.show_cmd import show
 from gymflow.cli.stack_cmd import up, worker
 
 TRACEBACK_ENV = "GYMFLOW_TRACEBACK"
@@ -32,6 +33,7 @@ cli.add_command(demo)
 cli.add_command(env)
 cli.add_command(data)
 cli.add_command(report)
+cli.add_command(show)
 cli.add_command(resume)
 
 

@@ -12,14 +12,13 @@ from temporalio.client import WorkflowFailureError
 from gymflow.cli.common import config_option, run, settings_or_exit
 from gymflow.kernel.config import Settings
 from gymflow.resume import Resumed, resume_run
-from workers.connect import connect_temporal, quiet_runtime, resolve_addresses
+from workers.connect import connect_configured, quiet_runtime
 
 WAIT_LIMIT_S = 24 * 3600  # the same bound as a rollout's execution timeout
 
 
 async def _resume(settings: Settings, run_id: str, wait: bool) -> tuple[list[Resumed], dict[str, str]]:
-    temporal_address, _ = resolve_addresses(settings)
-    client = await connect_temporal(temporal_address, settings.temporal.namespace, runtime=quiet_runtime())
+    client = await connect_configured(settings, runtime=quiet_runtime())
     resumed = await resume_run(client, run_id, reason=f"gymflow resume {run_id}")
     outcomes: dict[str, str] = {}
     if wait:

@@ -19,16 +19,21 @@ from workers.local_stack import LocalStack
 @click.option("--pool", type=click.Choice(["workflows", "env", "generate", "all"]), required=True)
 @config_option
 @click.option("--metrics", "metrics_bind", default=None, envvar="GYMFLOW_METRICS_BIND", metavar="HOST:PORT",
-              help="Serve Prometheus metrics (task slots, schedule-to-start latency, failures) at HOST:PORT/metrics.")
+              help="Serve Prometheus metrics (rollouts, rewards, generation latency, tool calls; the SDK's task slots, "
+                   "schedule-to-start latency, pollers) at HOST:PORT/metrics. See docs/metrics.md.")
+@click.option("--models", "models", default=None, envvar="GYMFLOW_MODELS", metavar="A,B",
+              help="Generate pool: serve only these models (names under `models:`), polling only their task "
+                   "queues. Default: every configured model.")
 @click.option("-v", "--verbose", is_flag=True)
-def worker(pool: str, config_path: str | None, metrics_bind: str | None, verbose: bool) -> None:
+def worker(pool: str, config_path: str | None, metrics_bind: str | None, models: str | None, verbose: bool) -> None:
     """Run one worker pool until SIGTERM (in-flight work finishes first).
 
     At start it waits for Postgres and Temporal, up to $GYMFLOW_STARTUP_WAIT_S (default 300 s)."""
     from workers.run_pool import run_pool
 
     setup_logging(verbose)
-    run(run_pool(settings_or_exit(config_path), pool, metrics_bind))  # type: ignore[arg-type]
+    served = models.split(",") if models is not None else None
+    run(run_pool(settings_or_exit(config_path), pool, metrics_bind, served))  # type: ignore[arg-type]
 
 
 def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subprocess.Popen:

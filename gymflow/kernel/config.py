@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -49,11 +49,42 @@ class ModelConfig(_Section):
         return self
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class TemporalTLSConfig(_Section):
+    """TLS to Temporal (Temporal Cloud, an mTLS cluster). Paths are files on the worker's host, read at connect."""
+
+    enabled: bool = Field(True, description="false: plaintext even with an API key (a proxy that terminates TLS)")
+    ca_cert: Path | None = Field(None, description="PEM CA that signed the server's cert; default: system roots")
+    client_cert: Path | None = Field(None, description="PEM client certificate, for mTLS")
+    client_key: Path | None = Field(None, description="PEM private key of client_cert")
+    server_name: str | None = Field(None, description="Name to verify the server's cert against (SNI override)")
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> TemporalTLSConfig:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("set both client_cert and client_key (mTLS), or neither")
+        return self
+
+
 class TemporalConfig(_Section):
     address: str | None = Field(None, description="host:port; empty starts the embedded dev server")
     namespace: str = "default"
     ui_port: int = 8233
     port: int = 7233
+    tls: TemporalTLSConfig | None = Field(None, description="Connect over TLS; an API key alone also turns TLS on")
+    api_key_env: str | None = Field(None, description="Name of the env var holding the Temporal API key; never the key")
+    env_config: bool = Field(
+        True, description="Fill what this section leaves unset from Temporal's own environment configuration "
+                          "(TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_*, the TOML profile)")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_is_a_name(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.fullmatch(v):
+            raise ValueError("must be the NAME of an environment variable, not the key itself")
+        return v
 
 
 class DatabaseConfig(_Section):
@@ -75,6 +106,9 @@ class PoolsConfig(_Section):
 
 class RolloutDefaults(_Section):
     max_turns: int = Field(8, ge=1)
+    workflow: Literal["classic", "episode"] = Field(
+        "classic", description="classic: RolloutWorkflow, the episode travels in history; episode: "
+        "EpisodeWorkflow, the episode lives in Postgres and history carries ids (docs/design-episode-data.md)")
     turns_per_run: int | None = Field(
         None, ge=1, description="Continue a long episode as a new workflow run after this many turns")
     sampling: SamplingParams = SamplingParams()

@@ -38,8 +38,10 @@ _TYPES = (
     FailureType("model_bad_response", "failed", True, "The endpoint answered 200 with something that is not a "
                 "chat completion (non-JSON, HTML, no choices, a null message).",
                 "Check the endpoint is OpenAI-compatible (a proxy error page is the usual cause); resume the run."),
-    FailureType("unknown_model", "failed", False, "The rollout names a model the generate worker has no config for.",
-                "Add it under `models` on the generate workers' config."),
+    FailureType("unknown_model", "failed", False, "A worker that ran the rollout has no config for a model it "
+                "needs: a judge model missing on an env worker, or a generation scheduled on the shared queue of "
+                "before per-model queues (generation now waits on its model's own queue).",
+                "Add the model under `models` on that pool's config."),
     FailureType("recording_exhausted", "failed", False, "A recorded model has no further turn for this task.",
                 "The recording and the dataset do not match; rebuild it with `gymflow data join`."),
     # -- the task and the episode --

@@ -7,15 +7,31 @@ from temporalio.common import SearchAttributeKey
 
 WORKFLOWS_QUEUE = "gymflow-workflows"
 ENV_QUEUE = "gymflow-env"
+# The one generate queue of before per-model queues: rollouts started then still schedule here, so a generate
+# worker that serves every configured model polls it too (see workers/pools.py).
 GENERATE_QUEUE = "gymflow-generate"
 
 ROLLOUT_WORKFLOW = "RolloutWorkflow"
+
+
+def generate_queue(model: str) -> str:
+    """The generate task queue of one configured model (its key under `models:`): a worker polls only the
+    queues of the models it has, so a rollout waits for a worker that can serve it instead of failing."""
+    return f"{GENERATE_QUEUE}-{model}"
+
 
 SETUP_EPISODE = "gymflow.setup_episode"
 CALL_TOOL = "gymflow.call_tool"
 VERIFY = "gymflow.verify"
 GENERATE = "gymflow.generate"
 PERSIST_ROLLOUT = "gymflow.persist_rollout"
+
+# The by-reference workflow (docs/design-episode-data.md) and its activities.
+EPISODE_WORKFLOW = "EpisodeWorkflow"
+EPISODE_BEGIN = "gymflow.episode.begin"
+EPISODE_GENERATE = "gymflow.episode.generate"
+EPISODE_RUN_TOOLS = "gymflow.episode.run_tools"
+EPISODE_FINISH = "gymflow.episode.finish"
 
 SA_RUN = SearchAttributeKey.for_keyword("GymflowRun")
 SA_ENV = SearchAttributeKey.for_keyword("GymflowEnv")

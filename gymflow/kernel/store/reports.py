@@ -34,14 +34,14 @@ FROM rollouts WHERE run_id = :run ORDER BY task_id, sample_index
 """)
 
 # Token ids and logprobs can be tens of thousands of numbers per turn: count them in SQL, never fetch them.
+# A missing list may be SQL NULL or a JSON null, hence jsonb_typeof.
 GENERATIONS = sa.text("""
 SELECT turn, attempt, model, finish_reason, prompt_tokens, completion_tokens, latency_s, created_at,
-       jsonb_array_length(coalesce(prompt_token_ids, '[]'::jsonb)) AS prompt_token_ids_n,
-       jsonb_array_length(coalesce(generation_token_ids, '[]'::jsonb)) AS generation_token_ids_n,
-       jsonb_array_length(coalesce(generation_log_probs, '[]'::jsonb)) AS log_probs_n,
-       prompt_token_ids IS NOT NULL AS has_prompt_token_ids,
-       generation_token_ids IS NOT NULL AS has_generation_token_ids,
-       generation_log_probs IS NOT NULL AS has_log_probs
+""" + ",\n".join(
+    f"CASE WHEN jsonb_typeof({col}) = 'array' THEN jsonb_array_length({col}) END AS {name}_n, "
+    f"coalesce(jsonb_typeof({col}) = 'array', false) AS has_{name}"
+    for col, name in (("prompt_token_ids", "prompt_token_ids"), ("generation_token_ids", "generation_token_ids"),
+                      ("generation_log_probs", "log_probs"))) + """
 FROM generations WHERE rollout_id = :rid ORDER BY turn
 """)
 

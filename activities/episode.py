@@ -1,0 +1,305 @@
+"""Activities of the by-reference workflow (`EpisodeWorkflow`): each reads the episode from Postgres and appends
+what it produced there; Temporal gets ids and counters (docs/design-episode-data.md).
+
+- `begin`: environment setup; the initial messages (with the initial state) start the chain; the row turns
+  `running`.
+- `generate`: continue the chain at the head: one model call, the assistant message appended with its token
+  data. A retry of the same activity whose first attempt already stored its message returns that message
+  instead of calling the model again.
+- `run_tools`: every tool call of the head message, in order, each tool message appended with the state after
+  it.
+- `finish`: verify the chain (unless the rollout failed) and persist the rollout row, with the transcript and
+  the per-turn token data materialised from exactly the accepted chain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import metrics
+from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
+from activities.env_activities import EnvActivities, _parse_arguments, _tool_message
+from activities.generate import _request_body, _to_message, _token_data
+from activities.model_client import ModelClients, bad_response
+from activities.recorded import recorded
+from environments.base import Environment, VerifyContext
+from environments.registry import get_environment
+from gymflow.kernel import names
+from gymflow.kernel.episode_wire import BeginRequest, Finished, FinishRequest, Generated, ToolsRan, TurnRequest
+from gymflow.kernel.errors import GymflowError, TaskError, ToolError, VerifierError
+from gymflow.kernel.failures import known, short_message
+from gymflow.kernel.store.episodes import (
+    NewMessage,
+    StoredMessage,
+    append_messages,
+    latest_state,
+    load_task,
+    read_chain,
+)
+from gymflow.kernel.store.models import Generation
+from gymflow.kernel.store.repo import mark_rollout_started, save_rollout
+from gymflow.kernel.wire import (
+    ChatMessage,
+    GenerateRequest,
+    RolloutRecord,
+    Score,
+    Task,
+    ToolCall,
+    ToolRequest,
+    Usage,
+)
+
+_TASK_CACHE = 4096  # tasks are immutable per (run, task id): cache them per worker process
+
+
+def _producer() -> str:
+    """The writing activity: a retry (or a zombie attempt) of it shares the key, another run never does."""
+    info = activity.info()
+    return f"{info.workflow_run_id}/{info.activity_id}"
+
+
+def _chat(messages: list[StoredMessage]) -> tuple[ChatMessage, ...]:
+    return tuple(ChatMessage.model_validate(m.body) for m in messages)
+
+
+class EpisodeActivities:
+    def __init__(self, sessions: async_sessionmaker, models: ModelClients,
+                 env_options: dict[str, dict[str, Any]] | None = None, store_retry_s: float = STORE_RETRY_S) -> None:
+        self._sessions = sessions
+        self._models = models
+        self._env_options = env_options or {}
+        self._judges = EnvActivities(sessions, models, env_options)  # the judge plumbing, shared
+        self._tasks: OrderedDict[tuple[str, str], Task] = OrderedDict()
+        self.store_retry_s = store_retry_s
+
+    # ---- reads and writes, each retried on its own (bounded) so a database blip costs no model call ----
+
+    async def _read(self, what: str, read: Any) -> Any:
+        out: list[Any] = []
+
+        async def attempt() -> None:
+            async with self._sessions() as session:
+                out.append(await read(session))
+
+        await retry_store(attempt, what, budget_s=self.store_retry_s)
+        return out[-1]
+
+    async def _task(self, run_id: str, task_id: str) -> Task:
+        key = (run_id, task_id)
+        if key in self._tasks:
+            self._tasks.move_to_end(key)
+            return self._tasks[key]
+        task = await self._read("reading the task", lambda s: load_task(s, run_id, task_id))
+        if task is None:
+            raise TaskError(f"task {task_id!r} of run {run_id!r} is not stored (start rollouts with the gymflow "
+                            "client, which stores each task before starting its workflows)")
+        self._tasks[key] = task
+        if len(self._tasks) > _TASK_CACHE:
+            self._tasks.popitem(last=False)
+        return task
+
+    async def _chain(self, head_id: int) -> list[StoredMessage]:
+        return await self._read("reading the episode", lambda s: read_chain(s, head_id))
+
+    async def _append(self, rollout_id: str, parent_id: int | None, messages: list[NewMessage]) -> list[int]:
+        producer, out = _producer(), []
+
+        async def write() -> None:
+            async with self._sessions.begin() as session:
+                out.append(await append_messages(session, rollout_id=rollout_id, parent_id=parent_id,
+                                                 producer=producer, messages=messages))
+
+        await retry_store(write, "appending to the episode", budget_s=self.store_retry_s)
+        return out[-1]
+
+    async def _already_produced(self, rollout_id: str) -> list[StoredMessage]:
+        """What an earlier attempt of this very activity stored (its completion was lost), oldest first."""
+        producer = _producer()
+
+        async def read(session: AsyncSession) -> list[StoredMessage]:
+            from gymflow.kernel.store.models import MessageRow
+
+            rows = await session.scalars(sa.select(MessageRow).where(
+                MessageRow.rollout_id == rollout_id, MessageRow.producer == producer
+            ).order_by(MessageRow.producer_index))
+            return [StoredMessage(r.id, r.parent_id, r.position, r.role, r.body, r.state, r.tokens) for r in rows]
+
+        return await self._read("reading earlier attempts", read)
+
+    # ---- activities ----------------------------------------------------------------------------------
+
+    @activity.defn(name=names.EPISODE_BEGIN)
+    async def begin(self, req: BeginRequest) -> int:
+        with boundary():
+            task = await self._task(req.run_id, req.task_id)
+            metrics.rollout_started(req.run_id, task.env, req.model, activity.info().attempt)
+            with boundary("environment", f"{task.env} setup"):
+                env = get_environment(task.env)
+                data = env.parse_task(task)
+                initial = list(env.initial_messages(task, data))
+                state = env.setup(task, data)
+            if not initial:
+                raise TaskError("the task has no prompt messages")
+            new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
+            new[-1] = NewMessage(role=new[-1].role, body=new[-1].body, state=dict(state))
+            ids = await self._append(req.rollout_id, None, new)
+
+            async def running() -> None:
+                async with self._sessions.begin() as session:
+                    await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
+                                               task_id=req.task_id, sample_index=req.sample_index, env=task.env,
+                                               model=req.model)
+
+            await retry_store(running, "marking the rollout started", budget_s=self.store_retry_s)
+            return ids[-1]
+
+    @activity.defn(name=names.EPISODE_GENERATE)
+    async def generate(self, req: TurnRequest) -> Generated:
+        with boundary(where=f"generate turn {req.turn}"):
+            attempt = activity.info().attempt
+            earlier = await self._already_produced(req.rollout_id)
+            if earlier:  # the model call was paid for and stored; only the completion was lost
+                return _generated(earlier[-1], attempt)
+            cfg = self._models.config(req.model)
+            task = await self._task(req.run_id, req.task_id)
+            chain = await self._chain(req.head_id)
+            started = time.monotonic()
+            if cfg.recorded:
+                message, finish, usage, tokens = recorded(cfg.recorded).turn(req.task_id, req.turn), "recorded", \
+                    Usage(), {}
+            else:
+                env = get_environment(task.env)
+                tools = tuple(env.tools(task, env.parse_task(task)))
+                body = _request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
+                                                          turn=req.turn, model=req.model, messages=_chat(chain),
+                                                          tools=tools, sampling=req.sampling))
+                async with self._models.limit(req.model):
+                    try:
+                        resp = await heartbeating(self._models.create(req.model, body), req.turn)
+                    except ApplicationError as e:
+                        metrics.generation_failed(req.model, e.type)
+                        raise
+                choice = resp.choices[0]
+                try:
+                    message = _to_message(choice.message)
+                except ValidationError as e:
+                    raise bad_response(req.model, short_message(e, 200)) from None
+                finish = choice.finish_reason
+                usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
+                              completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
+                tokens = _token_data(resp, choice)
+                metrics.generation_done(req.model, time.monotonic() - started, usage)
+            meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
+                    "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens}
+            (head,) = await self._append(req.rollout_id, req.head_id, [
+                NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)])
+            return Generated(head_id=head, tool_calls=len(message.tool_calls or ()), finish_reason=finish,
+                             usage=usage, attempt=attempt)
+
+    @activity.defn(name=names.EPISODE_RUN_TOOLS)
+    async def run_tools(self, req: TurnRequest) -> ToolsRan:
+        with boundary():
+            earlier = await self._already_produced(req.rollout_id)
+            if earlier:
+                return ToolsRan(head_id=earlier[-1].id, calls=len(earlier),
+                                errors=sum(bool((m.tokens or {}).get("is_error")) for m in earlier))
+            task = await self._task(req.run_id, req.task_id)
+            chain = await self._chain(req.head_id)
+            calls = ChatMessage.model_validate(chain[-1].body).tool_calls or ()
+            env = get_environment(task.env)
+            state = dict(latest_state(chain))
+            new, errors = [], 0
+            for call in calls:
+                message, state, failed = await self._one_tool(env, task, state, call, req.rollout_id)
+                errors += failed
+                new.append(NewMessage(role="tool", body=message.model_dump(exclude_none=True), state=dict(state),
+                                      tokens={"is_error": True} if failed else None))
+            if not new:
+                raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
+            ids = await self._append(req.rollout_id, req.head_id, new)
+            return ToolsRan(head_id=ids[-1], calls=len(new), errors=errors)
+
+    async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall,
+                        rollout_id: str) -> tuple[ChatMessage, dict[str, Any], bool]:
+        name = call.function.name
+        request = ToolRequest(rollout_id=rollout_id, task=task, state=state, call=call)
+        with boundary("environment", f"{task.env} tool {name[:80]!r}"):
+            data = env.parse_task(task)
+            available = {t.name for t in env.tools(task, data)}
+            try:
+                if name not in available:
+                    raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(available)) or 'none'}")
+                args = _parse_arguments(call.function.arguments)
+                out = await heartbeating(env.call_tool(data, dict(state), name, args))
+            except ToolError as e:
+                metrics.tool_call(task.env, "error")
+                return _tool_message(request, f"Error: {e}"), state, True
+            metrics.tool_call(task.env, "ok")
+            return _tool_message(request, out.content), dict(out.state), False
+
+    @activity.defn(name=names.EPISODE_FINISH)
+    async def finish(self, req: FinishRequest) -> Finished:
+        with boundary():
+            summary = req.summary
+            chain = await self._chain(req.head_id) if req.head_id is not None else []
+            score = await self._verify(req, chain) if req.verify else None
+            if score is not None:
+                summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
+                                                     "failure_type": score.failure_type})
+            record = RolloutRecord(summary=summary, env=req.env, model=req.model, transcript=_chat(chain),
+                                   score_details=score.details if score else {})
+
+            async def write() -> None:
+                async with self._sessions.begin() as session:
+                    await save_rollout(session, record)
+                    await _rewrite_generations(session, summary.rollout_id, chain)
+
+            await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
+            metrics.rollout_finished(record)
+            return Finished(reward=summary.reward, masked=summary.masked, failure_type=summary.failure_type)
+
+    async def _verify(self, req: FinishRequest, chain: list[StoredMessage]) -> Score:
+        task = await self._task(req.summary.run_id, req.summary.task_id)
+        with boundary("environment", f"{task.env} verify"):
+            env = get_environment(task.env)
+            data = env.parse_task(task)
+            ctx = VerifyContext(policy_model=req.model, chat=self._judges._judge_chat(task.id),  # noqa: SLF001
+                                options=dict(self._env_options.get(task.env, {})))
+            try:
+                return await heartbeating(env.verify(data, _chat(chain), latest_state(chain), ctx))
+            except VerifierError as e:  # unscorable is not wrong: masked, never a 0
+                return Score(reward=None, masked=True, failure_type=known(e.failure_type), details={"error": str(e)})
+
+
+def _generated(message: StoredMessage, attempt: int) -> Generated:
+    meta = message.tokens or {}
+    calls = ChatMessage.model_validate(message.body).tool_calls or ()
+    return Generated(head_id=message.id, tool_calls=len(calls), finish_reason=meta.get("finish_reason"),
+                     usage=Usage.model_validate(meta.get("usage") or {}), attempt=attempt)
+
+
+async def _rewrite_generations(session: AsyncSession, rollout_id: str, chain: list[StoredMessage]) -> None:
+    """`generations` holds exactly the accepted chain's turns: stale turns of earlier runs go."""
+    await session.execute(sa.delete(Generation).where(Generation.rollout_id == rollout_id))
+    turn = 0
+    for m in chain:
+        if m.role != "assistant" or m.tokens is None:
+            continue
+        meta = m.tokens
+        usage = meta.get("usage") or {}
+        session.add(Generation(
+            rollout_id=rollout_id, turn=turn, attempt=int(meta.get("attempt") or 1), model=str(meta.get("model", "")),
+            finish_reason=meta.get("finish_reason"), prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0), latency_s=meta.get("latency_s"),
+            message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
+            generation_token_ids=meta.get("generation_token_ids"),
+            generation_log_probs=meta.get("generation_log_probs")))
+        turn += 1

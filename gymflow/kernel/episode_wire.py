@@ -1,0 +1,103 @@
+"""Wire types of the by-reference rollout workflow (`EpisodeWorkflow`, docs/design-episode-data.md).
+
+Every payload here is ids, counters and short strings: its size does not depend on the number of turns, the
+task's size or what the model and the tools produced. The episode's data lives in Postgres
+(gymflow/kernel/store/episodes.py), written once by the activity that produced it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from gymflow.kernel.wire import RolloutInput, RolloutLimits, RolloutSummary, SamplingParams, Usage, Wire, rollout_id
+
+
+class EpisodeRef(Wire):
+    """Where an episode stands: its head message (which names the whole prefix) and the counters."""
+
+    head_id: int
+    turn: int = 0
+    tool_calls: int = 0
+    usage: Usage = Usage()
+    attempts: int = 0
+    started_at: datetime
+
+
+class EpisodeInput(Wire):
+    """The workflow's input: the task travels as (run, task id); the client stored it before starting."""
+
+    run_id: str
+    task_id: str
+    env: str
+    sample_index: int
+    model: str
+    sampling: SamplingParams = SamplingParams()
+    max_turns: int = 8
+    limits: RolloutLimits = RolloutLimits()
+    turns_per_run: int | None = None
+    episode: EpisodeRef | None = Field(None, description="Set when the workflow continued as new")
+
+    @property
+    def rollout_id(self) -> str:
+        return rollout_id(self.run_id, self.task_id, self.sample_index)
+
+
+class BeginRequest(Wire):
+    rollout_id: str
+    run_id: str
+    task_id: str
+    sample_index: int
+    model: str
+
+
+class TurnRequest(Wire):
+    """For `generate` (continue the chain at `head_id`) and `run_tools` (run the calls of `head_id`)."""
+
+    rollout_id: str
+    run_id: str
+    task_id: str
+    model: str
+    turn: int
+    head_id: int
+    sampling: SamplingParams = SamplingParams()
+
+
+class Generated(Wire):
+    head_id: int
+    tool_calls: int = 0
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+    attempt: int = 1
+
+
+class ToolsRan(Wire):
+    head_id: int
+    calls: int
+    errors: int = 0
+
+
+class FinishRequest(Wire):
+    """Verify (unless the rollout already failed) and persist, in one activity."""
+
+    summary: RolloutSummary
+    env: str
+    model: str
+    head_id: int | None
+    verify: bool
+
+
+class Finished(Wire):
+    reward: float | None = None
+    masked: bool = False
+    failure_type: str | None = None
+
+
+def episode_input(inp: RolloutInput) -> EpisodeInput:
+    """The by-reference input for a rollout the client describes with its task (which it stores first). The
+    run's sampling settings override the row's, as in the classic workflow."""
+    sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
+    return EpisodeInput(run_id=inp.run_id, task_id=inp.task.id, env=inp.task.env, sample_index=inp.sample_index,
+                        model=inp.model, sampling=sampling, max_turns=inp.max_turns, limits=inp.limits,
+                        turns_per_run=inp.turns_per_run)

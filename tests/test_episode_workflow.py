@@ -1,0 +1,181 @@
+"""EpisodeWorkflow (rollout.workflow: episode): the episode lives in Postgres, history carries ids.
+
+Through the real stack: the transcript and token data stored are exactly the accepted chain, payloads in
+history stay bounded whatever the tools return, and failures, retries, reruns and continue-as-new keep that.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from gymflow.client import GymflowClient
+from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
+from tests.helpers import weather_task
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def ep(gf, settings) -> AsyncIterator[GymflowClient]:
+    by_reference = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "episode"})})
+    client = await GymflowClient.connect(by_reference)
+    yield client
+    await client.close()
+
+
+async def _payload_sizes(client: GymflowClient, rollout_id: str) -> list[int]:
+    """The size of every payload in the rollout's history (all runs of the id)."""
+    sizes: list[int] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "metadata" in node and isinstance(node.get("data"), str):
+                sizes.append(len(base64.b64decode(node["data"])))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    async for wf in client.temporal.list_workflows(f"WorkflowId = '{rollout_id}'"):
+        history = await client.temporal.get_workflow_handle(rollout_id, run_id=wf.run_id).fetch_history()
+        walk(json.loads(history.to_json()))
+    return sizes
+
+
+async def test_single_tool_episode_stores_exactly_its_chain(ep, scripted, sql, run_id):
+    scripted.script(tool_call("get_weather", {"city": "SF"}, logprobs=True), text("cold", logprobs=True))
+    inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    summary = await ep.run_rollout(inp)
+    assert summary.status == "completed" and summary.reward == 1.0
+    assert (summary.turns, summary.tool_calls) == (2, 1)
+    desc = await ep.temporal.get_workflow_handle(inp.rollout_id).describe()
+    assert desc.workflow_type == "EpisodeWorkflow"
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool", "assistant"]
+    assert transcript[-1]["content"] == "cold"
+    # the model saw that prefix: the second request carried the tool result
+    assert [m["role"] for m in scripted.requests[-1].body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert sql("SELECT turn, jsonb_array_length(generation_log_probs) FROM generations WHERE rollout_id = %s "
+               "ORDER BY turn", inp.rollout_id) == [(0, 1), (1, 1)]
+
+
+async def test_history_payloads_stay_small_whatever_the_tools_return(ep, scripted, sql, run_id):
+    # 20 KB arguments echoed back by the tool, six turns: the classic workflow carries all of it in every
+    # payload; here no payload grows with it.
+    city = "x" * 20_000
+    scripted.script(*[tool_call("get_weather", {"city": city})] * 6, text("done"))
+    inp = ep.make_input(run_id, weather_task(), 0, "policy", max_turns=8)
+    summary = await ep.run_rollout(inp)
+    assert summary.status == "completed" and summary.turns == 7
+    sizes = await _payload_sizes(ep, inp.rollout_id)
+    assert max(sizes) < 4_000, max(sizes)
+    (size,) = sql("SELECT length(transcript::text) FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert size > 12 * 20_000  # the data is all in Postgres: six calls and six tool outputs
+
+
+async def test_a_retried_turn_leaves_one_message(ep, scripted, sql, run_id):
+    scripted.script(http_error(500, "boom"), tool_call("get_weather", {"city": "SF"}), text("cold"))
+    inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    summary = await ep.run_rollout(inp)
+    assert summary.status == "completed" and summary.attempts == 3
+    assert sql("SELECT turn, attempt FROM generations WHERE rollout_id = %s ORDER BY turn", inp.rollout_id) == [
+        (0, 2), (1, 1)]
+
+
+async def test_a_failed_episode_records_its_chain_and_a_rerun_replaces_it(ep, scripted, sql, run_id):
+    scripted.script(tool_call("get_weather", {"city": "SF"}), context_length_error())
+    inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    failed = await ep.run_rollout(inp)
+    assert failed.status == "failed" and failed.failure_type == "context_length_exceeded"
+    assert failed.reward is None
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool"]
+    assert sql("SELECT count(*) FROM generations WHERE rollout_id = %s", inp.rollout_id) == [(1,)]
+
+    # --retry-failed: the rerun answers at once; the failed run's turn must not linger beside it.
+    scripted.script(text("no tool this time"))
+    handle, outcome = await ep.start_rollout(inp, retry_failed=True)
+    assert outcome == "started"
+    rerun = await ep.result(handle, inp)
+    assert rerun.status == "completed" and rerun.turns == 1
+    assert sql("SELECT turn, message->>'content' FROM generations WHERE rollout_id = %s", inp.rollout_id) == [
+        (0, "no tool this time")]
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant"]
+
+
+async def test_continue_as_new_carries_only_the_head(ep, scripted, sql, run_id):
+    scripted.script(*[tool_call("get_weather", {"city": c}) for c in ("SF", "NYC", "LA")], text("cold everywhere"))
+    inp = ep.make_input(run_id, weather_task(), 0, "policy").model_copy(update={"turns_per_run": 1})
+    summary = await ep.run_rollout(inp)
+    assert summary.status == "completed" and (summary.turns, summary.tool_calls) == (4, 3)
+    assert [m["role"] for m in scripted.requests[-1].body["messages"]].count("tool") == 3
+    runs = [w async for w in ep.temporal.list_workflows(f"WorkflowId = '{inp.rollout_id}'")]
+    assert sum(w.status.name == "CONTINUED_AS_NEW" for w in runs) == 3
+    assert sql("SELECT jsonb_array_length(transcript) FROM rollouts WHERE id = %s", inp.rollout_id) == [(2 + 4 + 3,)]
+    assert max(await _payload_sizes(ep, inp.rollout_id)) < 4_000
+
+
+async def test_a_collection_stores_each_task_once(ep, scripted, sql, run_id):
+    tasks = [weather_task("a"), weather_task("b")]
+    results = [r async for r in ep.collect(run_id, tasks, n=2, model="policy")]
+    assert len(results) == 4 and all(r.summary.status == "completed" for r in results)
+    assert sql("SELECT task_id FROM tasks WHERE run_id = %s ORDER BY task_id", run_id) == [("a",), ("b",)]
+
+
+async def _history_bytes(ep: GymflowClient, scripted, run_id: str, name: str, turns: int, output_bytes: int,
+                         task_bytes: int) -> tuple[int, int]:
+    """(history bytes, largest payload) of one episode of `turns` turns whose tool outputs are ~output_bytes."""
+    task = weather_task(name)
+    task = task.model_copy(update={"messages": (
+        task.messages[0].model_copy(update={"content": "p" * task_bytes}), *task.messages[1:])})
+    scripted.script(*[tool_call("get_weather", {"city": f"{i}" + "y" * output_bytes}) for i in range(turns - 1)],
+                    text("done"))
+    inp = ep.make_input(run_id, task, 0, "policy", max_turns=turns)
+    handle, _ = await ep.start_rollout(inp)
+    summary = await ep.result(handle, inp)
+    assert summary.status == "completed" and summary.turns == turns
+    history = await handle.fetch_history()
+    return len(history.to_json()), max(await _payload_sizes(ep, inp.rollout_id))
+
+
+async def test_history_grows_by_a_constant_per_turn_whatever_the_sizes(ep, scripted, run_id):
+    # 40 turns of 50 KB tool calls echoed back as 50 KB tool outputs, on a 100 KB task, against 10 small
+    # turns: the same bytes per turn. (The classic workflow carries the transcript in every payload: it ends
+    # the large episode as transcript_too_large by turn 15.)
+    small, small_max = await _history_bytes(ep, scripted, run_id, "small", 10, 10, 10)
+    large, large_max = await _history_bytes(ep, scripted, run_id, "large", 40, 50_000, 100_000)
+    assert max(small_max, large_max) < 4_000
+    per_small, per_large = small / 10, large / 40
+    assert abs(per_large - per_small) / per_small < 0.25, (per_small, per_large)
+
+
+async def test_record_episode_histories_for_replay(ep, scripted, run_id):
+    """Run the episodes whose histories tests/histories/ keeps for the replay test. With
+    GYMFLOW_RECORD_HISTORIES=1 they are (re)written; otherwise this checks they still replay as recorded."""
+    import os
+    from pathlib import Path
+
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from workflows.episode import EpisodeWorkflow
+
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"),  # single tool
+                    tool_call("get_weather", {"city": "SF"}), context_length_error(),  # fails in turn 2
+                    tool_call("get_weather", {"city": "A"}), tool_call("get_weather", {"city": "B"}), text("ok"))
+    cases = {"episode_single_tool": {}, "episode_context_length_failure": {}, "episode_continue_as_new":
+             {"turns_per_run": 1}}
+    folder = Path(__file__).parent / "histories"
+    replayer = Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter)
+    for name, update in cases.items():
+        inp = ep.make_input(run_id, weather_task(name), 0, "policy").model_copy(update=update)
+        await ep.run_rollout(inp)
+        history = await ep.temporal.get_workflow_handle(inp.rollout_id).fetch_history()
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, (name, result.replay_failure)
+        if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
+            (folder / f"{name}.json").write_text(history.to_json())

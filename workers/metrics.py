@@ -1,0 +1,77 @@
+"""One Prometheus endpoint per worker: gymflow's rollout metrics (activities/metrics.py) with the SDK's own.
+
+The SDK's Rust exporter listens on a private 127.0.0.1 port and each scrape of `--metrics HOST:PORT` folds its
+families into prometheus_client's registry, so an operator scrapes one endpoint per worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from activities.metrics import *  # noqa: F403 - the definitions, for callers that scrape and check them
+from gymflow.kernel.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# ---- serving --------------------------------------------------------------------------------------------
+
+
+class SdkMetrics(Collector):
+    """The SDK exporter's families, fetched at each scrape; a failed fetch leaves only gymflow's own."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def describe(self) -> list[Metric]:
+        return []  # names are only known at scrape time; this also keeps register() from fetching
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as resp:  # noqa: S310 - our own loopback URL
+                text = resp.read().decode()
+        except OSError as err:
+            log.warning("SDK metrics at %s unreadable: %s", self.url, err)
+            return
+        yield from text_string_to_metric_families(text)
+
+
+def split_bind(bind: str) -> tuple[str, int]:
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--metrics {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:9464")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def start_server(bind: str) -> None:
+    """Serve this process's registry at http://BIND/metrics (a daemon thread)."""
+    host, port = split_bind(bind)
+    try:
+        start_http_server(port, addr=host)
+    except OSError as err:
+        raise ConfigError(f"--metrics {bind}: cannot listen ({err.strerror or err})") from None
+
+
+def _loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(bind: str) -> Runtime:
+    """Serve rollout and SDK metrics at http://BIND/metrics; returns the Runtime the worker's client must use.
+    The SDK's counters get `_total` and its durations are seconds, as Prometheus conventions ask."""
+    start_server(bind)
+    sdk_bind = f"127.0.0.1:{_loopback_port()}"
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
+        bind_address=sdk_bind, counters_total_suffix=True, durations_as_seconds=True)))
+    REGISTRY.register(SdkMetrics(f"http://{sdk_bind}/metrics"))
+    return runtime

@@ -1,0 +1,137 @@
+"""EpisodeWorkflow: one episode = begin, (generate, run_tools)* until no tool calls or max turns, finish.
+
+The by-reference shape of docs/design-episode-data.md: the workflow keeps the head message id and counters;
+activities read the episode from Postgres and append what they produce. Every payload in its history is ids,
+counters and short strings, whatever the number of turns, the task's size or the tools' output.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from gymflow.kernel import names
+    from gymflow.kernel.episode_wire import (
+        BeginRequest,
+        EpisodeInput,
+        EpisodeRef,
+        Finished,
+        FinishRequest,
+        Generated,
+        ToolsRan,
+        TurnRequest,
+    )
+    from gymflow.kernel.wire import RolloutSummary, Usage
+    from workflows.rollout import activity_options, failure_of
+
+
+@workflow.defn(name=names.EPISODE_WORKFLOW)
+class EpisodeWorkflow:
+    def __init__(self) -> None:
+        self._stage = "starting"
+        self._episode: EpisodeRef | None = None  # the last accepted head, kept for failure records
+
+    @workflow.query
+    def stage(self) -> str:
+        turn = self._episode.turn if self._episode else 0
+        return f"{self._stage} (turn {turn})"
+
+    def _enter(self, stage: str) -> None:
+        self._stage = stage
+        workflow.set_current_details(f"{stage}, turn {self._episode.turn if self._episode else 0}")
+
+    @workflow.run
+    async def run(self, inp: EpisodeInput) -> RolloutSummary:
+        started = inp.episode.started_at if inp.episode else workflow.now()
+        self._episode = inp.episode
+        failure: tuple[str, str] | None = None
+        try:
+            if self._episode is None:
+                self._episode = await self._begin(inp, started)
+            await self._turns(inp)
+        except ActivityError as err:
+            failure = failure_of(err)
+        return await self._finish(inp, started, failure)
+
+    async def _begin(self, inp: EpisodeInput, started: datetime) -> EpisodeRef:
+        self._enter("setup")
+        head = await workflow.execute_activity(
+            names.EPISODE_BEGIN, BeginRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id,
+                                              sample_index=inp.sample_index, model=inp.model),
+            result_type=int, **activity_options(inp.limits.env, names.ENV_QUEUE))
+        return EpisodeRef(head_id=head, started_at=started)
+
+    async def _turns(self, inp: EpisodeInput) -> None:
+        gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
+        env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
+        turns_here = 0
+        while (ep := self._episode) is not None and ep.turn < inp.max_turns:
+            if turns_here and self._should_continue_as_new(inp, turns_here):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(inp.model_copy(update={"episode": ep}))
+            self._enter("generate")
+            turn = TurnRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, model=inp.model,
+                               turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling)
+            gen = await workflow.execute_activity(names.EPISODE_GENERATE, turn, result_type=Generated, **gen_opts)
+            ep = self._episode = ep.model_copy(update={
+                "head_id": gen.head_id, "turn": ep.turn + 1, "usage": ep.usage + gen.usage,
+                "attempts": ep.attempts + gen.attempt})
+            turns_here += 1
+            if not gen.tool_calls:
+                return
+            self._enter("tools")
+            ran = await workflow.execute_activity(
+                names.EPISODE_RUN_TOOLS, turn.model_copy(update={"head_id": ep.head_id}), result_type=ToolsRan,
+                **env_opts)
+            self._episode = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
+
+    @staticmethod
+    def _should_continue_as_new(inp: EpisodeInput, turns_here: int) -> bool:
+        if inp.turns_per_run is not None and turns_here >= inp.turns_per_run:
+            return True
+        return workflow.info().is_continue_as_new_suggested()
+
+    async def _finish(self, inp: EpisodeInput, started: datetime, failure: tuple[str, str] | None) -> RolloutSummary:
+        ep = self._episode
+        summary = RolloutSummary(
+            rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, sample_index=inp.sample_index,
+            status="failed" if failure else "completed", failure_type=failure[0] if failure else None,
+            failure_message=failure[1] if failure else None, turns=ep.turn if ep else 0,
+            tool_calls=ep.tool_calls if ep else 0, usage=ep.usage if ep else Usage(),
+            attempts=ep.attempts if ep else 0,
+            latency_s=(workflow.now() - started).total_seconds())
+        self._enter("verify" if failure is None else "persist")
+        opts = activity_options(inp.limits.env, names.ENV_QUEUE)
+        request = FinishRequest(summary=summary, env=inp.env, model=inp.model, head_id=ep.head_id if ep else None,
+                                verify=failure is None)
+        try:
+            try:
+                done = await workflow.execute_activity(names.EPISODE_FINISH, request, result_type=Finished, **opts)
+            except ActivityError as err:
+                if failure is not None:
+                    raise
+                # Verification failed for good: record the rollout as failed with that type, unverified.
+                failure = failure_of(err)
+                summary = summary.model_copy(update={"status": "failed", "failure_type": failure[0],
+                                                     "failure_message": failure[1]})
+                done = await workflow.execute_activity(
+                    names.EPISODE_FINISH, request.model_copy(update={"summary": summary, "verify": False}),
+                    result_type=Finished, **activity_options(inp.limits.persist, names.ENV_QUEUE))
+        except ActivityError as err:
+            # Not recorded: fail typed and short, with no summary in the details (which would tell the client
+            # it had been recorded), so the client records it once the store is back.
+            kind, message = failure_of(err)
+            raise ApplicationError(message, type=kind, non_retryable=True) from None
+        summary = summary.model_copy(update={"reward": done.reward, "masked": done.masked,
+                                             "failure_type": done.failure_type})
+        updates = [names.SA_STATUS.value_set("masked" if summary.masked else summary.status)]
+        if summary.reward is not None:
+            updates.append(names.SA_REWARD.value_set(summary.reward))
+        workflow.upsert_search_attributes(updates)
+        self._enter(summary.status)
+        if failure:
+            raise ApplicationError(failure[1], summary.model_dump(mode="json"), type=failure[0], non_retryable=True)
+        return summary
