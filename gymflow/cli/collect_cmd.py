@@ -71,6 +71,9 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
                                       f"{escape(result.summary.failure_message or '')}", highlight=False)
                     bar.update(job, advance=1, stats=tally.line())
         console.print(summary_table(run_id, tally))
+        if tally.failed or tally.masked:
+            console.print(f"failure messages, example rollouts and their Temporal UI links: "
+                          f"[bold]gymflow report {escape(run_id)}[/bold]; one rollout: gymflow show ROLLOUT_ID")
         return tally
     finally:
         await client.close()

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from gymflow.kernel.errors import STORE_UNAVAILABLE, GymflowError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+MIGRATION_LOCK_TIMEOUT_S = 60
 _MIGRATION_LOCK = 7_734_501  # pg advisory lock id: several pools may start at once
 # OperationalErrors that waiting will not fix: say so at once instead of retrying for minutes.
 _PERMANENT = ("authentication failed", "does not exist", "no pg_hba.conf entry", "role ", "ssl")
@@ -63,6 +64,10 @@ def migrate(url: str) -> None:
     engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 10})
     try:
         with engine.begin() as conn:
+            # Every wait ends: a lock held by a stuck peer fails this attempt (and migrate_when_reachable retries,
+            # bounded) instead of hanging a worker or a client at start.
+            conn.execute(sa.text(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'"))
+            conn.execute(sa.text(f"SET LOCAL statement_timeout = '{2 * MIGRATION_LOCK_TIMEOUT_S}s'"))
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
             cfg = Config()
             cfg.set_main_option("script_location", str(MIGRATIONS))
