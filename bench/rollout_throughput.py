@@ -4,7 +4,7 @@ Starts the embedded stack, a scripted OpenAI-compatible server (own process, fix
 worker pools (own processes), collects N single-turn rollouts, and prints rollouts/s, Temporal state
 transitions per rollout, and CPU-seconds per rollout for the Temporal server, Postgres and each pool.
 
-    python bench/rollout_throughput.py --n 500 --latency 0 --concurrency 200
+    python bench/rollout_throughput.py --n 500 --latency 0 --concurrency 200 [--workflow episode]
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ async def run(args: argparse.Namespace) -> None:
                               "concurrency": args.concurrency}},
         "pools": {"generate": {"concurrency": args.concurrency}, "env": {"concurrency": 32},
                   "workflows": {"concurrency": args.concurrency}},
+        "rollout": {"workflow": args.workflow},
     }))
     workers = {p: subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", p,
                                     "--config", str(config)]) for p in POOLS}
@@ -97,7 +98,8 @@ async def run(args: argparse.Namespace) -> None:
         stack.stop()
 
     n = args.n
-    print(f"N={n} latency={args.latency}s concurrency={args.concurrency} cores={os.cpu_count()}")
+    print(f"N={n} latency={args.latency}s concurrency={args.concurrency} workflow={args.workflow} "
+          f"cores={os.cpu_count()}")
     print(f"statuses: {statuses}")
     print(f"wall: {wall:.1f} s   rollouts/s: {n / wall:.1f}")
     if transitions:
@@ -115,6 +117,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--latency", type=float, default=0.0, help="scripted model latency per call, seconds")
     ap.add_argument("--concurrency", type=int, default=200, help="rollouts in flight and generate slots")
+    ap.add_argument("--workflow", choices=("classic", "episode"), default="classic",
+                    help="classic: RolloutWorkflow; episode: EpisodeWorkflow (episode data by reference)")
     asyncio.run(run(ap.parse_args()))
 
 

@@ -365,3 +365,34 @@ def test_interpolations_are_well_formed():
 def test_interpolation_check_rejects_malformed(bad):
     with pytest.raises(ValueError):
         compose_interpolate(bad, {"X": "1"})
+
+
+# ---- the codec server (the Temporal UI reads episode messages through it) ---------------------------
+
+def test_codec_service_serves_the_ui(services):
+    from gymflow.cli.codec_cmd import codec as codec_command
+
+    (name,) = [n for n, s in services.items() if argv(s)[:2] == ["gymflow", "codec"]]
+    svc, args = services[name], argv(services[name])
+    known = {opt for p in codec_command.params for opt in p.opts}
+    assert {a.split("=", 1)[0] for a in args[2:] if a.startswith("--")} <= known, "unknown `gymflow codec` option"
+    port = option(args, "--port")
+    assert option(args, "--bind") == "0.0.0.0" and port
+    # The browser calls the endpoint, so the UI must name the codec's published address, on loopback only.
+    published = {p.rsplit(":", 1)[1]: p.rsplit(":", 1)[0] for p in svc.get("ports", [])}
+    assert published.get(port, "").startswith("127.0.0.1:"), f"{name} must publish {port} on 127.0.0.1"
+    host_port = published[port].split(":")[1]
+    ui = services["temporal-ui"]
+    endpoint = urlsplit(environment(ui)["TEMPORAL_CODEC_ENDPOINT"])
+    assert endpoint.hostname in ("localhost", "127.0.0.1") and str(endpoint.port) == host_port
+    ui_host_port = next(p.rsplit(":", 1)[0].split(":")[1] for p in ui["ports"] if p.endswith(":8080"))
+    origins = option(args, "--cors-origins") or ""
+    assert f"http://localhost:{ui_host_port}" in origins.split(","), "CORS must allow the UI's origin"
+    assert "*" not in origins.split(","), "any web page could read transcripts"
+    # Reads the results database like the workers, with nothing else from their environment.
+    env = worker_env(svc)
+    url = urlsplit(env["DATABASE_URL"])
+    assert url.hostname in services and url.path == "/gymflow" and url.password == FAKE_ENV["POSTGRES_PASSWORD"]
+    assert set(env) == {"DATABASE_URL"}, "the codec needs no model keys or other settings"
+    assert depends_on(svc).get(url.hostname, {}).get("condition") == "service_healthy"
+    assert f":{port}/healthz" in " ".join(strings(svc.get("healthcheck")))

@@ -67,10 +67,11 @@ class StackAddresses:
 class LocalStack:
     def __init__(self, state_dir: Path, *, temporal_address: str | None = None, database_url: str | None = None,
                  port: int = 7233, ui_port: int = 8233, headless: bool = False,
-                 startup_timeout_s: float = 60.0) -> None:
+                 startup_timeout_s: float = 60.0, ui_codec_endpoint: str | None = None) -> None:
         self.state_dir = Path(state_dir).resolve()
         self._temporal_address, self._database_url = temporal_address, database_url
         self._port, self._ui_port, self._headless = port, ui_port, headless
+        self._ui_codec_endpoint = ui_codec_endpoint  # the UI decodes payloads through it (gymflow/codec/)
         self._timeout = startup_timeout_s
         self._temporal: subprocess.Popen | None = None
         self._pg_data: Path | None = None
@@ -121,6 +122,8 @@ class LocalStack:
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         cmd += ["--headless"] if self._headless else ["--ui-port", str(self._ui_port)]
+        if self._ui_codec_endpoint and not self._headless:
+            cmd += ["--ui-codec-endpoint", self._ui_codec_endpoint]
         logf = open(self.state_dir / "temporal.log", "ab")  # noqa: SIM115 - lives as long as the server
         self._temporal = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port("127.0.0.1", self._port, self._timeout, self._temporal)

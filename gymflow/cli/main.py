@@ -9,6 +9,7 @@ import traceback
 
 import click
 
+from gymflow.cli.codec_cmd import codec
 from gymflow.cli.collect_cmd import collect
 from gymflow.cli.data_cmd import data
 from gymflow.cli.demo_cmd import demo
@@ -28,6 +29,7 @@ def cli() -> None:
 
 cli.add_command(up)
 cli.add_command(worker)
+cli.add_command(codec)
 cli.add_command(collect)
 cli.add_command(demo)
 cli.add_command(env)

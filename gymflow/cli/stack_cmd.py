@@ -43,12 +43,12 @@ def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subpr
     return subprocess.Popen(cmd, env=env)
 
 
-def start_stack(settings: Settings, headless: bool = False) -> LocalStack:
+def start_stack(settings: Settings, headless: bool = False, codec_endpoint: str | None = None) -> LocalStack:
     from workers.connect import stack_file
 
     stack = LocalStack(settings.state_dir, temporal_address=settings.temporal.address,
                        database_url=settings.database.url, port=settings.temporal.port,
-                       ui_port=settings.temporal.ui_port, headless=headless)
+                       ui_port=settings.temporal.ui_port, headless=headless, ui_codec_endpoint=codec_endpoint)
     stack.start()
     stack.write_stack_file(stack_file(settings))
     return stack
@@ -69,24 +69,47 @@ def stop_all(procs: list[subprocess.Popen], stack: LocalStack, settings: Setting
     stack.stop()
 
 
+def _store_starting(ids: object) -> dict:
+    from gymflow.codec.messages import StoreUnavailable
+
+    raise StoreUnavailable("message store starting")
+
+
 @click.command()
 @config_option
 @click.option("--pools", default="workflows,env,generate", show_default=True,
               help="Comma-separated pools to run as worker processes ('' for none).")
-def up(config_path: str | None, pools: str) -> None:
-    """Start the embedded stack (Temporal dev server, Postgres) and the worker pools; Ctrl-C stops all."""
+@click.option("--codec-port", type=click.IntRange(0, 65535), default=0,
+              help="Port of the codec server the Temporal UI decodes payloads through (default: a free one).")
+def up(config_path: str | None, pools: str, codec_port: int) -> None:
+    """Start the embedded stack (Temporal dev server, Postgres), the codec server its UI reads messages
+    through (`gymflow codec`), and the worker pools; Ctrl-C stops all."""
+    from gymflow.codec.messages import MessageLookup
+    from gymflow.codec.server import CodecServer, serve_in_thread, ui_origins
 
     setup_logging(False)
     settings = settings_or_exit(config_path)
-    stack = start_stack(settings)
+    try:  # bound before the dev server starts, so the endpoint it is given is ours
+        codec = CodecServer(("127.0.0.1", codec_port), _store_starting, ui_origins(settings.temporal.ui_port))
+    except OSError as e:
+        raise click.ClickException(f"codec server: cannot listen on 127.0.0.1:{codec_port}: {e.strerror or e}") \
+            from None
+    try:
+        stack = start_stack(settings, codec_endpoint=codec.url)
+    except BaseException:
+        codec.server_close()
+        raise
     addr = stack.addresses
     assert addr is not None
+    codec.fetch = MessageLookup(addr.database_url).fetch
+    serve_in_thread(codec)
     env = {**os.environ, "TEMPORAL_ADDRESS": addr.temporal_address, "DATABASE_URL": addr.database_url}
     names = [p for p in pools.split(",") if p]
     procs = {p: spawn_pool(p, env, config_path) for p in names}
     click.echo(f"Temporal: {addr.temporal_address}   Postgres: {addr.database_url}")
     if addr.ui_url:
         click.echo(f"Temporal UI: {addr.ui_url}")
+    click.echo(f"Codec server: {codec.url}   (the UI shows the messages behind message ids through it)")
     click.echo(f"pools: {', '.join(names) or 'none'}   (Ctrl-C to stop)")
     stopping = False
 
@@ -108,5 +131,7 @@ def up(config_path: str | None, pools: str) -> None:
                     click.echo(f"pool {p} exited with {proc.returncode}; restarting", err=True)
                     procs[p] = spawn_pool(p, env, config_path)
     finally:
+        codec.shutdown()
+        codec.server_close()
         stop_all(list(procs.values()), stack, settings)
         click.echo("stopped")
