@@ -13,7 +13,7 @@ from activities import metrics
 from activities.boundary import boundary, heartbeating, retry_store
 from activities.model_client import ModelClients
 from activities.recorded import RecordedJudge, recorded
-from environments.base import ChatFn, VerifyContext
+from environments.base import ChatFn, Environment, TaskData, ToolOutput, VerifyContext
 from environments.registry import get_environment
 from gymflow.kernel import names
 from gymflow.kernel.errors import ToolError, VerifierError
@@ -24,6 +24,7 @@ from gymflow.kernel.wire import (
     EpisodeStart,
     Score,
     SetupRequest,
+    Task,
     ToolRequest,
     ToolResult,
     VerifyRequest,
@@ -48,6 +49,11 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise ToolError("arguments must be a JSON object")
     return args
+
+
+def ends_episode(env: Environment, task: Task, data: TaskData, name: str, out: ToolOutput) -> bool:
+    """Whether a successful call ends the episode: the environment said so, or the tool is a terminal one."""
+    return bool(out.done) or name in env.terminal_tools(task, data)
 
 
 class EnvActivities:
@@ -109,7 +115,8 @@ class EnvActivities:
                 metrics.tool_call(req.task.env, "error")
                 return ToolResult(message=_tool_message(req, f"Error: {e}"), state=req.state, is_error=True)
             metrics.tool_call(req.task.env, "ok")
-            return ToolResult(message=_tool_message(req, out.content), state=out.state)
+            return ToolResult(message=_tool_message(req, out.content), state=out.state,
+                              done=ends_episode(env, req.task, data, name, out))
 
     @activity.defn(name=names.VERIFY)
     async def verify(self, req: VerifyRequest) -> Score:

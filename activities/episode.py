@@ -7,7 +7,7 @@ what it produced there; Temporal gets ids and counters (docs/design-episode-data
   data. A retry of the same activity whose first attempt already stored its message returns that message
   instead of calling the model again.
 - `run_tools`: every tool call of the head message, in order, each tool message appended with the state after
-  it.
+  it; a call that ends the episode (environments/base.py) stops the rest, which are answered "Not run".
 - `finish`: verify the chain (unless the rollout failed) and persist the rollout row, with the transcript and
   the per-turn token data materialised from exactly the accepted chain.
 """
@@ -26,7 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import metrics
 from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
-from activities.env_activities import EnvActivities, _parse_arguments, _tool_message
+from activities.env_activities import EnvActivities, _parse_arguments, _tool_message, ends_episode
 from activities.generate import _request_body, _to_message, _token_data
 from activities.model_client import ModelClients, bad_response
 from activities.recorded import recorded
@@ -55,6 +55,7 @@ from gymflow.kernel.wire import (
     ToolCall,
     ToolRequest,
     Usage,
+    not_run_message,
 )
 
 _TASK_CACHE = 4096  # tasks are immutable per (run, task id): cache them per worker process
@@ -209,26 +210,32 @@ class EpisodeActivities:
         with boundary():
             earlier = await self._already_produced(req.rollout_id)
             if earlier:
-                return ToolsRan(head_id=earlier[-1].id, calls=len(earlier),
-                                errors=sum(bool((m.tokens or {}).get("is_error")) for m in earlier))
+                return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
             task = await self._task(req.run_id, req.task_id)
             chain = await self._chain(req.head_id)
             calls = ChatMessage.model_validate(chain[-1].body).tool_calls or ()
             env = get_environment(task.env)
             state = dict(latest_state(chain))
-            new, errors = [], 0
+            new: list[NewMessage] = []
+            ended_by: str | None = None
             for call in calls:
-                message, state, failed = await self._one_tool(env, task, state, call, req.rollout_id)
-                errors += failed
+                if ended_by is not None:
+                    # After the episode ended nothing may change its state: answered, not run.
+                    new.append(NewMessage(role="tool", body=not_run_message(call, ended_by).model_dump(
+                        exclude_none=True), state=dict(state), tokens={"not_run": True}))
+                    continue
+                message, state, failed, done = await self._one_tool(env, task, state, call, req.rollout_id)
                 new.append(NewMessage(role="tool", body=message.model_dump(exclude_none=True), state=dict(state),
-                                      tokens={"is_error": True} if failed else None))
+                                      tokens={"is_error": True} if failed else {"done": True} if done else None))
+                ended_by = call.function.name if done else None
             if not new:
                 raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
             ids = await self._append(req.rollout_id, req.head_id, new)
-            return ToolsRan(head_id=ids[-1], calls=len(new), errors=errors)
+            return _tools_ran(ids[-1], [m.tokens or {} for m in new])
 
     async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall,
-                        rollout_id: str) -> tuple[ChatMessage, dict[str, Any], bool]:
+                        rollout_id: str) -> tuple[ChatMessage, dict[str, Any], bool, bool]:
+        """(tool message, state after, failed, ended the episode)."""
         name = call.function.name
         request = ToolRequest(rollout_id=rollout_id, task=task, state=state, call=call)
         with boundary("environment", f"{task.env} tool {name[:80]!r}"):
@@ -241,9 +248,9 @@ class EpisodeActivities:
                 out = await heartbeating(env.call_tool(data, dict(state), name, args))
             except ToolError as e:
                 metrics.tool_call(task.env, "error")
-                return _tool_message(request, f"Error: {e}"), state, True
+                return _tool_message(request, f"Error: {e}"), state, True, False
             metrics.tool_call(task.env, "ok")
-            return _tool_message(request, out.content), dict(out.state), False
+            return _tool_message(request, out.content), dict(out.state), False, ends_episode(env, task, data, name, out)
 
     @activity.defn(name=names.EPISODE_FINISH)
     async def finish(self, req: FinishRequest) -> Finished:
@@ -277,6 +284,12 @@ class EpisodeActivities:
                 return await heartbeating(env.verify(data, _chat(chain), latest_state(chain), ctx))
             except VerifierError as e:  # unscorable is not wrong: masked, never a 0
                 return Score(reward=None, masked=True, failure_type=known(e.failure_type), details={"error": str(e)})
+
+
+def _tools_ran(head_id: int, metas: list[dict[str, Any]]) -> ToolsRan:
+    """From the tool messages' metadata, so a retry whose first attempt stored them answers the same."""
+    return ToolsRan(head_id=head_id, calls=sum(not m.get("not_run") for m in metas),
+                    errors=sum(bool(m.get("is_error")) for m in metas), done=any(m.get("done") for m in metas))
 
 
 def _generated(message: StoredMessage, attempt: int) -> Generated:

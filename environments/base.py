@@ -2,12 +2,17 @@
 
 An environment turns a wire `Task` into its own frozen task type, sets up serialisable episode
 state, exposes tool schemas, runs tool calls on that state, and scores a transcript.
+
+The episode ends when the model answers without tool calls, at the turn limit (the run's, or the row's
+`max_turns` when lower), or when the environment ends it: a successful call to one of `terminal_tools`, or
+a `ToolOutput` with `done=True` (the environment's own stop rule). Calls the model made after the ending
+one in the same turn are not run; each gets a "Not run" tool message. Then `verify` scores the episode.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -35,6 +40,7 @@ ChatFn = Callable[[str, Sequence[ChatMessage]], Awaitable[str]]
 class ToolOutput:
     content: str
     state: JSON = field(default_factory=dict)
+    done: bool = False  # end the episode after this call's tool message (a stop rule of the environment's own)
 
 
 @dataclass
@@ -72,6 +78,11 @@ class Environment(ABC, Generic[T]):
     async def call_tool(self, data: T, state: JSON, name: str, args: JSON) -> ToolOutput:
         """Run one tool call. Raise `ToolError` for anything the model should see and fix."""
         raise ToolError(f"unknown tool {name!r}")
+
+    def terminal_tools(self, task: Task, data: T) -> Collection[str]:
+        """Tools whose successful call ends the episode (e.g. `mark_task_complete`, `submit`); `call_tool` still
+        runs them. A call that raised `ToolError` does not end it: the model sees the error and may fix it."""
+        return ()
 
     @abstractmethod
     async def verify(self, data: T, messages: Sequence[ChatMessage], state: JSON, ctx: VerifyContext) -> Score:

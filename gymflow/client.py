@@ -205,8 +205,11 @@ class GymflowClient:
                    sampling: SamplingParams | None = None, max_turns: int | None = None) -> RolloutInput:
         defaults = self.settings.rollout
         self.settings.model_config_for(model)  # fail here, not in a worker, when the model is unknown
+        # A row's own limit can only lower the run's; applied here, so both workflows honour it unchanged.
+        limit = max_turns or defaults.max_turns
+        limit = min(limit, task.max_turns) if task.max_turns else limit
         return RolloutInput(run_id=run_id, task=task, sample_index=sample_index, model=model,
-                            sampling=sampling or defaults.sampling, max_turns=max_turns or defaults.max_turns,
+                            sampling=sampling or defaults.sampling, max_turns=limit,
                             limits=defaults.limits, turns_per_run=defaults.turns_per_run)
 
     async def _ride_out(self, call: Callable[[], Awaitable[T]], what: str) -> T:

@@ -111,7 +111,10 @@ class GeneratePool:
         self.starts += 1
         log = open(self.log_dir / f"generate-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", "generate", "-v",
+            # `gymflow worker`, with the test environments installed: the by-reference generate activity asks
+            # the task's environment for its tools, in this process.
+            [sys.executable, "-c", "from tests.faulty_env import install_all; install_all(); "
+             "from gymflow.cli.main import main; main()", "worker", "--pool", "generate", "-v",
              "--metrics", self.metrics_url.split("/")[2], "--config", str(self.config_file)],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self.proc

@@ -1,4 +1,7 @@
-"""A test-only environment that misbehaves on request, registered for tests by `use_faulty_env`.
+"""Test-only environments, registered in-process by their fixtures: `faulty_env` (below) and `ending_env`
+(an environment that ends episodes, further down).
+
+The faulty environment misbehaves on request.
 
 Task fields pick the fault: `fail_in` ("setup", "verify") raises an unexpected multi-line error there,
 `mask` makes verify unscorable, `slow_s` makes tools and verify take that long. Tools: `echo` (returns its
@@ -15,7 +18,7 @@ import pytest
 
 from environments import registry
 from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
-from gymflow.kernel.errors import VerifierError
+from gymflow.kernel.errors import ToolError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 
 NAME = "faulty_test_env"
@@ -65,13 +68,70 @@ def faulty_task(task_id: str = "f0", text: str = "go", **data: object) -> Task:
     return Task(id=task_id, env=NAME, messages=(ChatMessage(role="user", content=text),), data=dict(data))
 
 
-@pytest.fixture(scope="session")
-def faulty_env() -> str:
-    """Install the faulty environment in this process (where the test env pool runs), as an entry point would."""
+def _install(name: str, entry_point: EntryPoint) -> str:
+    """Install a test environment in this process (where the test env pool runs), as an entry point would."""
     real = registry._entry_points
-    registry._entry_points = lambda: {**real(), NAME: ENTRY_POINT}
+    registry._entry_points = lambda: {**real(), name: entry_point}
     try:
-        registry.get_environment(NAME)  # cached from now on
+        registry.get_environment(name)  # cached from now on
     finally:
         registry._entry_points = real
-    return NAME
+    return name
+
+
+@pytest.fixture(scope="session")
+def faulty_env() -> str:
+    return _install(NAME, ENTRY_POINT)
+
+
+# ---- an environment that ends episodes (tests/test_episode_end.py) -------------------------------------
+
+ENDING_NAME = "ending_test_env"
+ENDING_ENTRY_POINT = EntryPoint(name=ENDING_NAME, value="tests.faulty_env:EndingEnvironment",
+                                group="gymflow.environments")
+ENDING_TOOLS = tuple(ToolSpec(name=n, description=n, parameters=_OBJECT)
+                     for n in ("echo", "mark_task_complete", "submit"))
+
+
+class EndingEnvironment(Environment[TaskData]):
+    """`mark_task_complete` is a terminal tool; `submit` ends the episode by the environment's own rule (a
+    non-empty `text`), and is a `ToolError` otherwise; `echo` records its text in the state. Verify reports
+    what it saw: the tools called, the last message's role, the echoed texts."""
+
+    name = ENDING_NAME
+    task_type = TaskData
+
+    def tools(self, task: Task, data: TaskData) -> Sequence[ToolSpec]:
+        return ENDING_TOOLS
+
+    def terminal_tools(self, task: Task, data: TaskData) -> set[str]:
+        return {"mark_task_complete"}
+
+    async def call_tool(self, data: TaskData, state: JSON, name: str, args: JSON) -> ToolOutput:
+        text = str(args.get("text", ""))
+        if name == "submit":
+            if not text:
+                raise ToolError("submit: `text` is required")
+            return ToolOutput(content=f"submitted {text}", state={**state, "submitted": text}, done=True)
+        if name == "mark_task_complete":
+            return ToolOutput(content="marked complete", state=state)
+        return ToolOutput(content=text, state={**state, "echoed": [*state.get("echoed", []), text]})
+
+    async def verify(self, data: TaskData, messages: Sequence[ChatMessage], state: JSON,
+                     ctx: VerifyContext) -> Score:
+        called = called_tools(messages)
+        ended = bool({"mark_task_complete", "submit"} & set(called))
+        return Score(reward=1.0 if ended else 0.0, details={
+            "called": called, "last_role": messages[-1].role, "echoed": state.get("echoed", []),
+            "submitted": state.get("submitted")})
+
+
+@pytest.fixture(scope="session")
+def ending_env() -> str:
+    return _install(ENDING_NAME, ENDING_ENTRY_POINT)
+
+
+def install_all() -> None:
+    """Both test environments, for a worker process of the tests (tests/conftest.py, GeneratePool)."""
+    _install(NAME, ENTRY_POINT)
+    _install(ENDING_NAME, ENDING_ENTRY_POINT)

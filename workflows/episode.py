@@ -1,4 +1,5 @@
-"""EpisodeWorkflow: one episode = begin, (generate, run_tools)* until no tool calls or max turns, finish.
+"""EpisodeWorkflow: one episode = begin, (generate, run_tools)* until no tool calls, max turns or a tool call
+that ends the episode (environments/base.py), finish.
 
 The by-reference shape of docs/design-episode-data.md: the workflow keeps the head message id and counters;
 activities read the episode from Postgres and append what they produce. Every payload in its history is ids,
@@ -87,6 +88,8 @@ class EpisodeWorkflow:
                 names.EPISODE_RUN_TOOLS, turn.model_copy(update={"head_id": ep.head_id}), result_type=ToolsRan,
                 **env_opts)
             self._episode = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
+            if ran.done:  # the environment ended the episode; never true in histories recorded before `done`
+                return
 
     @staticmethod
     def _should_continue_as_new(inp: EpisodeInput, turns_here: int) -> bool:

@@ -1,5 +1,6 @@
-"""RolloutWorkflow: one episode = setup, (generate, tool calls)* until no tool calls or max turns,
-verify, persist. Activities are named, not imported: this module pulls in nothing but wire types.
+"""RolloutWorkflow: one episode = setup, (generate, tool calls)* until no tool calls, max turns or a tool call
+that ends the episode (environments/base.py), verify, persist. Activities are named, not imported: this module
+pulls in nothing but wire types.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         ToolRequest,
         ToolResult,
         VerifyRequest,
+        not_run_message,
     )
 
 
@@ -139,8 +141,8 @@ class RolloutWorkflow:
         return EpisodeCheckpoint(messages=start.messages, tools=start.tools, state=start.state, started_at=started)
 
     async def _turns(self, inp: RolloutInput, ep: EpisodeCheckpoint) -> EpisodeCheckpoint:
-        """Generate and run tools until the model stops calling tools or max turns; `_progress` tracks the
-        episode so a failure mid-way still records the transcript so far."""
+        """Generate and run tools until the model stops calling tools, max turns, or the environment ends the
+        episode; `_progress` tracks the episode so a failure mid-way still records the transcript so far."""
         self._turn, self._progress = ep.turn, ep
         # The run's sampling settings override the dataset row's.
         sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
@@ -168,13 +170,25 @@ class RolloutWorkflow:
             if not gen.message.tool_calls:
                 break
             self._enter("tools")
+            ended_by: str | None = None
             for call in gen.message.tool_calls:
+                if ended_by is not None:
+                    # The environment ended the episode: later calls of the turn are answered, never run.
+                    skipped = not_run_message(call, ended_by)
+                    ep = self._progress = ep.model_copy(update={"messages": (*ep.messages, skipped)})
+                    size += _size(skipped)
+                    continue
                 res = await workflow.execute_activity(
                     names.CALL_TOOL, ToolRequest(rollout_id=inp.rollout_id, task=inp.task, state=ep.state, call=call),
                     result_type=ToolResult, **env_opts)
                 ep = self._progress = ep.model_copy(update={
                     "messages": (*ep.messages, res.message), "state": res.state, "tool_calls": ep.tool_calls + 1})
                 size += _size(res.message)
+                # Only a `done` result takes this branch: histories recorded before `done` existed replay as before.
+                if res.done:
+                    ended_by = call.function.name
+            if ended_by is not None:
+                break
         return ep
 
     @staticmethod

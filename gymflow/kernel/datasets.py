@@ -29,7 +29,7 @@ from gymflow.kernel.limits import (
 from gymflow.kernel.responses_format import input_to_messages, sampling_from, tool_to_spec, validation_message
 from gymflow.kernel.wire import ChatMessage, Task
 
-_NOT_VERIFIER_DATA = {"responses_create_params", "agent_ref", "messages", "tools"}
+_NOT_VERIFIER_DATA = {"responses_create_params", "agent_ref", "messages", "tools", "max_turns"}
 _BOM = b"\xef\xbb\xbf"
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # Postgres refuses NUL; a lone surrogate is not Unicode
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]{1,64}")
@@ -306,6 +306,17 @@ def _prompt(row: dict[str, Any]) -> tuple[list[ChatMessage], Any, str, Any]:
     raise TaskError("responses_create_params: required (or a chat `messages` list)")
 
 
+def _max_turns(row: dict[str, Any]) -> int | None:
+    """The row's own turn limit (absent or null: the run's applies alone)."""
+    raw = row.get("max_turns")
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        got = repr(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else _json_type(raw)
+        raise TaskError(f"max_turns: expected a positive integer, got {got}")
+    return raw
+
+
 def row_to_task(row: Any, *, env: str | None, default_id: str) -> Task:
     """`env` routes every row when given; otherwise each row names its own in an `env` field."""
     if not isinstance(row, dict):
@@ -322,9 +333,10 @@ def row_to_task(row: Any, *, env: str | None, default_id: str) -> Task:
     if not isinstance(row_env, str) or not row_env:
         raise TaskError("env: required (route the row with an `env` field, or choose one with --env)")
     data = {k: v for k, v in row.items() if k not in _NOT_VERIFIER_DATA}
+    max_turns = _max_turns(row)
     try:
         task = Task(id=task_id, env=row_env, messages=tuple(messages), tools=tuple(tools), sampling=sampling,
-                    data=data)
+                    data=data, max_turns=max_turns)
     except ValidationError as e:
         raise TaskError(validation_message(e, "row")) from None
     size = len(task.model_dump_json())

@@ -74,8 +74,10 @@ class Generated(Wire):
 
 class ToolsRan(Wire):
     head_id: int
-    calls: int
+    calls: int  # calls run; calls not run after a terminal one are answered but not counted
     errors: int = 0
+    done: bool = Field(False, description="A call ended the episode (a terminal tool, or the environment's "
+                                          "own stop rule): verify next")
 
 
 class FinishRequest(Wire):

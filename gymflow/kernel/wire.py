@@ -81,6 +81,9 @@ class Task(Wire):
     tools: tuple[ToolSpec, ...] = ()
     sampling: SamplingParams = SamplingParams()
     data: JSON = Field(default_factory=dict, description="Fields the environment's verifier reads")
+    # strict: a JSON true or 1.5 is a bad row, not 1 turn (gymflow/kernel/datasets.py says which line)
+    max_turns: int | None = Field(None, ge=1, strict=True,
+                                  description="The row's own turn limit: a rollout runs min(run's, this) turns")
 
 
 class ActivityLimits(Wire):
@@ -227,6 +230,15 @@ class ToolResult(Wire):
     message: ChatMessage
     state: JSON
     is_error: bool = False
+    done: bool = Field(False, description="The environment ended the episode with this call: verify next")
+
+
+def not_run_message(call: ToolCall, ended_by: str) -> ChatMessage:
+    """The answer to a call the model made in the same turn after the one that ended the episode: not run
+    (nothing may change the state after the end), but answered, so every call in the transcript has its tool
+    message as Chat Completions requires (exports, training)."""
+    return ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name,
+                       content=f"Not run: the episode ended with the call to {ended_by!r}.")
 
 
 class VerifyRequest(Wire):
