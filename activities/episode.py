@@ -42,7 +42,9 @@ from gymflow.kernel.store.episodes import (
     append_messages,
     latest_state,
     load_task,
+    load_task_tools,
     read_chain,
+    save_task_tools,
 )
 from gymflow.kernel.store.models import Generation
 from gymflow.kernel.store.repo import mark_rollout_started, save_rollout
@@ -54,6 +56,7 @@ from gymflow.kernel.wire import (
     Task,
     ToolCall,
     ToolRequest,
+    ToolSpec,
     Usage,
     not_run_message,
 )
@@ -79,6 +82,7 @@ class EpisodeActivities:
         self._env_options = env_options or {}
         self._judges = EnvActivities(sessions, models, env_options)  # the judge plumbing, shared
         self._tasks: OrderedDict[tuple[str, str], Task] = OrderedDict()
+        self._task_tools: OrderedDict[tuple[str, str], tuple[ToolSpec, ...]] = OrderedDict()
         self.store_retry_s = store_retry_s
 
     # ---- reads and writes, each retried on its own (bounded) so a database blip costs no model call ----
@@ -106,6 +110,19 @@ class EpisodeActivities:
         if len(self._tasks) > _TASK_CACHE:
             self._tasks.popitem(last=False)
         return task
+
+    async def _tools(self, task: Task, run_id: str) -> tuple[ToolSpec, ...]:
+        """The tool schemas `begin` stored for the task; from the environment only for a task stored before."""
+        key = (run_id, task.id)
+        if key not in self._task_tools:
+            stored = await self._read("reading the task's tools", lambda s: load_task_tools(s, run_id, task.id))
+            if stored is None:
+                env = get_environment(task.env)
+                stored = tuple(env.tools(task, env.parse_task(task)))
+            self._task_tools[key] = stored
+            if len(self._task_tools) > _TASK_CACHE:
+                self._task_tools.popitem(last=False)
+        return self._task_tools[key]
 
     async def _chain(self, head_id: int) -> list[StoredMessage]:
         return await self._read("reading the episode", lambda s: read_chain(s, head_id))
@@ -147,6 +164,7 @@ class EpisodeActivities:
                 data = env.parse_task(task)
                 initial = list(env.initial_messages(task, data))
                 state = env.setup(task, data)
+                tools = tuple(env.tools(task, data))
             if not initial:
                 raise TaskError("the task has no prompt messages")
             new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
@@ -155,6 +173,8 @@ class EpisodeActivities:
 
             async def running() -> None:
                 async with self._sessions.begin() as session:
+                    # The generate pool offers these to the model without importing environment code.
+                    await save_task_tools(session, req.run_id, req.task_id, tools)
                     await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
                                                task_id=req.task_id, sample_index=req.sample_index, env=task.env,
                                                model=req.model)
@@ -177,8 +197,7 @@ class EpisodeActivities:
                 message, finish, usage, tokens = recorded(cfg.recorded).turn(req.task_id, req.turn), "recorded", \
                     Usage(), {}
             else:
-                env = get_environment(task.env)
-                tools = tuple(env.tools(task, env.parse_task(task)))
+                tools = await self._tools(task, req.run_id)
                 body = _request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
                                                           turn=req.turn, model=req.model, messages=_chat(chain),
                                                           tools=tools, sampling=req.sampling))

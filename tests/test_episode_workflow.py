@@ -179,3 +179,15 @@ async def test_record_episode_histories_for_replay(ep, scripted, run_id):
         assert result.replay_failure is None, (name, result.replay_failure)
         if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
             (folder / f"{name}.json").write_text(history.to_json())
+
+
+async def test_the_generate_pool_reads_the_tools_begin_stored(ep, scripted, sql, run_id):
+    # Tool schemas come from the env pool's `begin`, stored with the task: a generate pool needs no environment.
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
+    inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    summary = await ep.run_rollout(inp)
+    assert summary.status == "completed"
+    (tools,) = sql("SELECT tools FROM tasks WHERE run_id = %s", run_id)[0]
+    assert [t["name"] for t in tools] == ["get_weather"]
+    offered = [t["function"]["name"] for t in scripted.requests[0].body["tools"]]
+    assert offered == ["get_weather"]

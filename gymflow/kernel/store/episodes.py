@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.store.models import MessageRow, TaskRow
 from gymflow.kernel.store.repo import storable
-from gymflow.kernel.wire import Task
+from gymflow.kernel.wire import Task, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,19 @@ async def save_tasks(session: AsyncSession, run_id: str, tasks: Sequence[Task]) 
 async def load_task(session: AsyncSession, run_id: str, task_id: str) -> Task | None:
     body = await session.scalar(sa.select(TaskRow.body).where(TaskRow.run_id == run_id, TaskRow.task_id == task_id))
     return None if body is None else Task.model_validate(body)
+
+
+async def save_task_tools(session: AsyncSession, run_id: str, task_id: str, tools: Sequence[ToolSpec]) -> None:
+    """Record the tool schemas the task's environment offers (written once; the first writer wins)."""
+    await session.execute(sa.update(TaskRow).where(
+        TaskRow.run_id == run_id, TaskRow.task_id == task_id, TaskRow.tools.is_(None)
+    ).values(tools=storable([t.model_dump(mode="json") for t in tools])))
+
+
+async def load_task_tools(session: AsyncSession, run_id: str, task_id: str) -> tuple[ToolSpec, ...] | None:
+    """The stored tool schemas, or None when `begin` has not recorded them (a task stored by an older worker)."""
+    tools = await session.scalar(sa.select(TaskRow.tools).where(TaskRow.run_id == run_id, TaskRow.task_id == task_id))
+    return None if tools is None else tuple(ToolSpec.model_validate(t) for t in tools)
 
 
 async def append_messages(session: AsyncSession, *, rollout_id: str, parent_id: int | None, producer: str,

@@ -82,6 +82,7 @@ class TaskRow(Base):
     task_id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
     env: Mapped[str] = mapped_column(sa.Text)
     body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    tools: Mapped[list[Any] | None] = mapped_column(JSONB, comment="tool schemas the environment offers (0004)")
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
 
 
