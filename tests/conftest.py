@@ -160,6 +160,15 @@ async def gf(workers: None, stack: StackAddresses, settings: Settings) -> AsyncI
     await client.close()
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def ep(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
+    """A client whose rollouts run the by-reference EpisodeWorkflow (`rollout.workflow: episode`)."""
+    by_reference = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "episode"})})
+    client = await GymflowClient.connect(by_reference)
+    yield client
+    await client.close()
+
+
 @pytest.fixture(scope="session")
 def sql(stack: StackAddresses):  # noqa: ANN201 - returns a small query helper
     def query(statement: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -16,13 +16,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psutil
 import pytest
-import pytest_asyncio
 import yaml
 
 from gymflow.client import GymflowClient
@@ -53,14 +52,6 @@ def codec(stack) -> Iterator[CodecServer]:
     yield server
     server.shutdown()
     server.server_close()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def ep(gf, settings) -> AsyncIterator[GymflowClient]:
-    by_reference = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "episode"})})
-    client = await GymflowClient.connect(by_reference)
-    yield client
-    await client.close()
 
 
 async def post(url: str, body: Any, **headers: str) -> httpx.Response:

@@ -9,10 +9,9 @@ from gymflow.kernel.wire import RolloutSummary
 from gymflow.resume import resume_run
 from gymflow.testing.scripted_openai import http_error, text, tool_call
 from tests.helpers import weather_task
-from tests.test_episode_workflow import ep  # noqa: F401 - the by-reference client fixture
 
 
-async def test_resume_continues_the_chain_from_the_failed_turn(ep, scripted, sql, run_id):  # noqa: F811
+async def test_resume_continues_the_chain_from_the_failed_turn(ep, scripted, sql, run_id):
     scripted.script(tool_call("get_weather", {"city": "SF"}), *[http_error(503, "down")] * 4)
     inp = ep.make_input(run_id, weather_task(), 0, "policy")
     first = await ep.run_rollout(inp)

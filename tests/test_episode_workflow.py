@@ -8,21 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
-
-import pytest_asyncio
 
 from gymflow.client import GymflowClient
 from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
 from tests.helpers import weather_task
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def ep(gf, settings) -> AsyncIterator[GymflowClient]:
-    by_reference = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "episode"})})
-    client = await GymflowClient.connect(by_reference)
-    yield client
-    await client.close()
 
 
 async def _payload_sizes(client: GymflowClient, rollout_id: str) -> list[int]:
