@@ -20,11 +20,13 @@ from gymflow.kernel.errors import ToolError, VerifierError
 from gymflow.kernel.failures import known
 from gymflow.kernel.store.repo import mark_rollout_started
 from gymflow.kernel.wire import (
+    JSON,
     ChatMessage,
     EpisodeStart,
     Score,
     SetupRequest,
     Task,
+    ToolCall,
     ToolRequest,
     ToolResult,
     VerifyRequest,
@@ -34,11 +36,11 @@ from gymflow.kernel.wire import (
 MAX_TOOL_OUTPUT_CHARS = 100_000
 
 
-def _tool_message(req: ToolRequest, content: str) -> ChatMessage:
+def _tool_message(call: ToolCall, content: str) -> ChatMessage:
     if len(content) > MAX_TOOL_OUTPUT_CHARS:
         cut = len(content) - MAX_TOOL_OUTPUT_CHARS
         content = f"{content[:MAX_TOOL_OUTPUT_CHARS]}\n[output truncated: {cut} more characters]"
-    return ChatMessage(role="tool", tool_call_id=req.call.id, name=req.call.function.name, content=content)
+    return ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name, content=content)
 
 
 def _parse_arguments(raw: str) -> dict[str, Any]:
@@ -54,6 +56,35 @@ def _parse_arguments(raw: str) -> dict[str, Any]:
 def ends_episode(env: Environment, task: Task, data: TaskData, name: str, out: ToolOutput) -> bool:
     """Whether a successful call ends the episode: the environment said so, or the tool is a terminal one."""
     return bool(out.done) or name in env.terminal_tools(task, data)
+
+
+async def run_tool_call(env: Environment, task: Task, data: TaskData, state: JSON, call: ToolCall) -> ToolResult:
+    """One tool call, as both workflow shapes run it: a bad call (unknown tool, bad arguments, ToolError) becomes
+    an error message for the model with the state unchanged; a good one may end the episode."""
+    name = call.function.name
+    available = {t.name for t in env.tools(task, data)}
+    try:
+        if name not in available:
+            raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(available)) or 'none'}")
+        args = _parse_arguments(call.function.arguments)
+        # Heartbeat while the tool runs: a killed env worker is noticed at the heartbeat timeout.
+        out = await heartbeating(env.call_tool(data, dict(state), name, args))
+    except ToolError as e:
+        metrics.tool_call(task.env, "error")
+        return ToolResult(message=_tool_message(call, f"Error: {e}"), state=state, is_error=True)
+    metrics.tool_call(task.env, "ok")
+    return ToolResult(message=_tool_message(call, out.content), state=out.state,
+                      done=ends_episode(env, task, data, name, out))
+
+
+async def verify_episode(env: Environment, data: TaskData, messages: Sequence[ChatMessage], state: JSON,
+                         ctx: VerifyContext) -> Score:
+    """The environment's verdict; an unscorable episode is masked, never scored 0."""
+    try:
+        # code_gen's verify runs programs for tens of seconds: heartbeat throughout.
+        return await heartbeating(env.verify(data, messages, state, ctx))
+    except VerifierError as e:
+        return Score(reward=None, masked=True, failure_type=known(e.failure_type), details={"error": str(e)})
 
 
 class EnvActivities:
@@ -100,35 +131,14 @@ class EnvActivities:
 
     @activity.defn(name=names.CALL_TOOL)
     async def call_tool(self, req: ToolRequest) -> ToolResult:
-        name = req.call.function.name
-        with boundary("environment", f"{req.task.env} tool {name[:80]!r}"):
+        with boundary("environment", f"{req.task.env} tool {req.call.function.name[:80]!r}"):
             env = get_environment(req.task.env)
-            data = env.parse_task(req.task)
-            available = {t.name for t in env.tools(req.task, data)}
-            try:
-                if name not in available:
-                    raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(available)) or 'none'}")
-                args = _parse_arguments(req.call.function.arguments)
-                # Heartbeat while the tool runs: a killed env worker is noticed at the heartbeat timeout.
-                out = await heartbeating(env.call_tool(data, dict(req.state), name, args))
-            except ToolError as e:
-                metrics.tool_call(req.task.env, "error")
-                return ToolResult(message=_tool_message(req, f"Error: {e}"), state=req.state, is_error=True)
-            metrics.tool_call(req.task.env, "ok")
-            return ToolResult(message=_tool_message(req, out.content), state=out.state,
-                              done=ends_episode(env, req.task, data, name, out))
+            return await run_tool_call(env, req.task, env.parse_task(req.task), req.state, req.call)
 
     @activity.defn(name=names.VERIFY)
     async def verify(self, req: VerifyRequest) -> Score:
         with boundary("environment", f"{req.task.env} verify"):
             env = get_environment(req.task.env)
-            data = env.parse_task(req.task)
             ctx = VerifyContext(policy_model=req.model, chat=self._judge_chat(req.task.id),
                                 options=dict(self._env_options.get(req.task.env, {})))
-            try:
-                # code_gen's verify runs programs for tens of seconds: heartbeat throughout.
-                return await heartbeating(env.verify(data, req.messages, req.state, ctx))
-            except VerifierError as e:
-                # Unscorable is not wrong: mask it so it never trains or counts as a 0.
-                return Score(reward=None, masked=True, failure_type=known(e.failure_type),
-                             details={"error": str(e)})
+            return await verify_episode(env, env.parse_task(req.task), req.messages, req.state, ctx)

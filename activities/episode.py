@@ -18,15 +18,14 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import sqlalchemy as sa
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import metrics
 from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
-from activities.env_activities import EnvActivities, _parse_arguments, _tool_message, ends_episode
+from activities.env_activities import EnvActivities, run_tool_call, verify_episode
 from activities.generate import _request_body, _to_message, _token_data
 from activities.model_client import ModelClients, bad_response
 from activities.recorded import recorded
@@ -34,8 +33,8 @@ from environments.base import Environment, VerifyContext
 from environments.registry import get_environment
 from gymflow.kernel import names
 from gymflow.kernel.episode_wire import BeginRequest, Finished, FinishRequest, Generated, ToolsRan, TurnRequest
-from gymflow.kernel.errors import GymflowError, TaskError, ToolError, VerifierError
-from gymflow.kernel.failures import known, short_message
+from gymflow.kernel.errors import GymflowError, TaskError
+from gymflow.kernel.failures import short_message
 from gymflow.kernel.store.episodes import (
     NewMessage,
     StoredMessage,
@@ -43,10 +42,11 @@ from gymflow.kernel.store.episodes import (
     latest_state,
     load_task,
     load_task_tools,
+    produced,
     read_chain,
+    rewrite_generations,
     save_task_tools,
 )
-from gymflow.kernel.store.models import Generation
 from gymflow.kernel.store.repo import mark_rollout_started, save_rollout
 from gymflow.kernel.wire import (
     ChatMessage,
@@ -55,7 +55,6 @@ from gymflow.kernel.wire import (
     Score,
     Task,
     ToolCall,
-    ToolRequest,
     ToolSpec,
     Usage,
     not_run_message,
@@ -141,16 +140,7 @@ class EpisodeActivities:
     async def _already_produced(self, rollout_id: str) -> list[StoredMessage]:
         """What an earlier attempt of this very activity stored (its completion was lost), oldest first."""
         producer = _producer()
-
-        async def read(session: AsyncSession) -> list[StoredMessage]:
-            from gymflow.kernel.store.models import MessageRow
-
-            rows = await session.scalars(sa.select(MessageRow).where(
-                MessageRow.rollout_id == rollout_id, MessageRow.producer == producer
-            ).order_by(MessageRow.producer_index))
-            return [StoredMessage(r.id, r.parent_id, r.position, r.role, r.body, r.state, r.tokens) for r in rows]
-
-        return await self._read("reading earlier attempts", read)
+        return await self._read("reading earlier attempts", lambda s: produced(s, rollout_id, producer))
 
     # ---- activities ----------------------------------------------------------------------------------
 
@@ -243,7 +233,7 @@ class EpisodeActivities:
                     new.append(NewMessage(role="tool", body=not_run_message(call, ended_by).model_dump(
                         exclude_none=True), state=dict(state), tokens={"not_run": True}))
                     continue
-                message, state, failed, done = await self._one_tool(env, task, state, call, req.rollout_id)
+                message, state, failed, done = await self._one_tool(env, task, state, call)
                 new.append(NewMessage(role="tool", body=message.model_dump(exclude_none=True), state=dict(state),
                                       tokens={"is_error": True} if failed else {"done": True} if done else None))
                 ended_by = call.function.name if done else None
@@ -252,24 +242,12 @@ class EpisodeActivities:
             ids = await self._append(req.rollout_id, req.head_id, new)
             return _tools_ran(ids[-1], [m.tokens or {} for m in new])
 
-    async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall,
-                        rollout_id: str) -> tuple[ChatMessage, dict[str, Any], bool, bool]:
+    async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall
+                        ) -> tuple[ChatMessage, dict[str, Any], bool, bool]:
         """(tool message, state after, failed, ended the episode)."""
-        name = call.function.name
-        request = ToolRequest(rollout_id=rollout_id, task=task, state=state, call=call)
-        with boundary("environment", f"{task.env} tool {name[:80]!r}"):
-            data = env.parse_task(task)
-            available = {t.name for t in env.tools(task, data)}
-            try:
-                if name not in available:
-                    raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(available)) or 'none'}")
-                args = _parse_arguments(call.function.arguments)
-                out = await heartbeating(env.call_tool(data, dict(state), name, args))
-            except ToolError as e:
-                metrics.tool_call(task.env, "error")
-                return _tool_message(request, f"Error: {e}"), state, True, False
-            metrics.tool_call(task.env, "ok")
-            return _tool_message(request, out.content), dict(out.state), False, ends_episode(env, task, data, name, out)
+        with boundary("environment", f"{task.env} tool {call.function.name[:80]!r}"):
+            res = await run_tool_call(env, task, env.parse_task(task), state, call)
+        return res.message, dict(res.state), res.is_error, res.done
 
     @activity.defn(name=names.EPISODE_FINISH)
     async def finish(self, req: FinishRequest) -> Finished:
@@ -286,7 +264,7 @@ class EpisodeActivities:
             async def write() -> None:
                 async with self._sessions.begin() as session:
                     await save_rollout(session, record)
-                    await _rewrite_generations(session, summary.rollout_id, chain)
+                    await rewrite_generations(session, summary.rollout_id, chain)
 
             await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
             metrics.rollout_finished(record)
@@ -296,13 +274,9 @@ class EpisodeActivities:
         task = await self._task(req.summary.run_id, req.summary.task_id)
         with boundary("environment", f"{task.env} verify"):
             env = get_environment(task.env)
-            data = env.parse_task(task)
             ctx = VerifyContext(policy_model=req.model, chat=self._judges._judge_chat(task.id),  # noqa: SLF001
                                 options=dict(self._env_options.get(task.env, {})))
-            try:
-                return await heartbeating(env.verify(data, _chat(chain), latest_state(chain), ctx))
-            except VerifierError as e:  # unscorable is not wrong: masked, never a 0
-                return Score(reward=None, masked=True, failure_type=known(e.failure_type), details={"error": str(e)})
+            return await verify_episode(env, env.parse_task(task), _chat(chain), latest_state(chain), ctx)
 
 
 def _tools_ran(head_id: int, metas: list[dict[str, Any]]) -> ToolsRan:
@@ -316,22 +290,3 @@ def _generated(message: StoredMessage, attempt: int) -> Generated:
     calls = ChatMessage.model_validate(message.body).tool_calls or ()
     return Generated(head_id=message.id, tool_calls=len(calls), finish_reason=meta.get("finish_reason"),
                      usage=Usage.model_validate(meta.get("usage") or {}), attempt=attempt)
-
-
-async def _rewrite_generations(session: AsyncSession, rollout_id: str, chain: list[StoredMessage]) -> None:
-    """`generations` holds exactly the accepted chain's turns: stale turns of earlier runs go."""
-    await session.execute(sa.delete(Generation).where(Generation.rollout_id == rollout_id))
-    turn = 0
-    for m in chain:
-        if m.role != "assistant" or m.tokens is None:
-            continue
-        meta = m.tokens
-        usage = meta.get("usage") or {}
-        session.add(Generation(
-            rollout_id=rollout_id, turn=turn, attempt=int(meta.get("attempt") or 1), model=str(meta.get("model", "")),
-            finish_reason=meta.get("finish_reason"), prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0), latency_s=meta.get("latency_s"),
-            message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
-            generation_token_ids=meta.get("generation_token_ids"),
-            generation_log_probs=meta.get("generation_log_probs")))
-        turn += 1

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from activities.metrics import *  # noqa: F403 - the definitions, for callers that scrape and check them
+import activities.metrics  # noqa: F401 - registers gymflow's rollout metrics in the served registry
 from gymflow.kernel.errors import ConfigError
 
 log = logging.getLogger(__name__)

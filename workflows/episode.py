@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
         TurnRequest,
     )
     from gymflow.kernel.wire import RolloutSummary, Usage
-    from workflows.rollout import activity_options, failure_of
+    from workflows.rollout import activity_options, failure_of, should_continue_as_new
 
 
 @workflow.defn(name=names.EPISODE_WORKFLOW)
@@ -70,7 +70,7 @@ class EpisodeWorkflow:
         env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
         turns_here = 0
         while (ep := self._episode) is not None and ep.turn < inp.max_turns:
-            if turns_here and self._should_continue_as_new(inp, turns_here):
+            if turns_here and should_continue_as_new(inp.turns_per_run, turns_here):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"episode": ep}))
             self._enter("generate")
@@ -90,12 +90,6 @@ class EpisodeWorkflow:
             self._episode = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
             if ran.done:  # the environment ended the episode; never true in histories recorded before `done`
                 return
-
-    @staticmethod
-    def _should_continue_as_new(inp: EpisodeInput, turns_here: int) -> bool:
-        if inp.turns_per_run is not None and turns_here >= inp.turns_per_run:
-            return True
-        return workflow.info().is_continue_as_new_suggested()
 
     async def _finish(self, inp: EpisodeInput, started: datetime, failure: tuple[str, str] | None) -> RolloutSummary:
         ep = self._episode

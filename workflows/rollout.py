@@ -70,6 +70,13 @@ def failure_of(err: ActivityError) -> tuple[str, str]:
     return INTERNAL_ERROR, short_message(f"{err.activity_type}: {cause or err}")
 
 
+def should_continue_as_new(turns_per_run: int | None, turns_here: int) -> bool:
+    """After `turns_per_run` turns in this run, or whenever Temporal suggests it (history getting long)."""
+    if turns_per_run is not None and turns_here >= turns_per_run:
+        return True
+    return workflow.info().is_continue_as_new_suggested()
+
+
 class TranscriptTooLarge(Exception):
     """The episode outgrew what one Temporal payload can carry."""
 
@@ -151,7 +158,7 @@ class RolloutWorkflow:
         turns_here = 0
         size = sum(map(_size, ep.messages))  # kept as messages are added, not re-measured every turn
         while self._turn < inp.max_turns:
-            if turns_here and self._should_continue_as_new(inp, turns_here):
+            if turns_here and should_continue_as_new(inp.turns_per_run, turns_here):
                 # History grows with every turn's transcript; carry the episode into a fresh run.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"checkpoint": self._progress}))
@@ -190,12 +197,6 @@ class RolloutWorkflow:
             if ended_by is not None:
                 break
         return ep
-
-    @staticmethod
-    def _should_continue_as_new(inp: RolloutInput, turns_here: int) -> bool:
-        if inp.turns_per_run is not None and turns_here >= inp.turns_per_run:
-            return True
-        return workflow.info().is_continue_as_new_suggested()
 
     async def _finish(self, inp: RolloutInput, ep: EpisodeCheckpoint, score: Score | None,
                       failure: tuple[str, str] | None) -> RolloutSummary:

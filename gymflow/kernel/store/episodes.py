@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gymflow.kernel.store.models import MessageRow, TaskRow
+from gymflow.kernel.store.models import Generation, MessageRow, TaskRow
 from gymflow.kernel.store.repo import storable
 from gymflow.kernel.wire import Task, ToolSpec
 
@@ -103,10 +103,15 @@ async def append_messages(session: AsyncSession, *, rollout_id: str, parent_id: 
     return ids
 
 
-async def _produced(session: AsyncSession, rollout_id: str, producer: str) -> list[int]:
-    rows = await session.scalars(sa.select(MessageRow.id).where(
+async def produced(session: AsyncSession, rollout_id: str, producer: str) -> list[StoredMessage]:
+    """The batch `producer` appended to the rollout's episode, in order ([] when it has appended nothing)."""
+    rows = await session.scalars(sa.select(MessageRow).where(
         MessageRow.rollout_id == rollout_id, MessageRow.producer == producer).order_by(MessageRow.producer_index))
-    return list(rows)
+    return [StoredMessage(r.id, r.parent_id, r.position, r.role, r.body, r.state, r.tokens) for r in rows]
+
+
+async def _produced(session: AsyncSession, rollout_id: str, producer: str) -> list[int]:
+    return [m.id for m in await produced(session, rollout_id, producer)]
 
 
 _CHAIN = sa.text("""
@@ -134,3 +139,22 @@ def latest_state(chain: Sequence[StoredMessage]) -> dict[str, Any]:
         if message.state is not None:
             return message.state
     return {}
+
+
+async def rewrite_generations(session: AsyncSession, rollout_id: str, chain: list[StoredMessage]) -> None:
+    """`generations` holds exactly the accepted chain's turns: stale turns of earlier runs go."""
+    await session.execute(sa.delete(Generation).where(Generation.rollout_id == rollout_id))
+    turn = 0
+    for m in chain:
+        if m.role != "assistant" or m.tokens is None:
+            continue
+        meta = m.tokens
+        usage = meta.get("usage") or {}
+        session.add(Generation(
+            rollout_id=rollout_id, turn=turn, attempt=int(meta.get("attempt") or 1), model=str(meta.get("model", "")),
+            finish_reason=meta.get("finish_reason"), prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0), latency_s=meta.get("latency_s"),
+            message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
+            generation_token_ids=meta.get("generation_token_ids"),
+            generation_log_probs=meta.get("generation_log_probs")))
+        turn += 1
