@@ -14,6 +14,7 @@ what it produced there; Temporal gets ids and counters (docs/design-episode-data
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import OrderedDict
 from typing import Any
@@ -25,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import metrics
 from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
+from activities.chain_cache import ChainCache, message_size
 from activities.env_activities import EnvActivities, run_tool_call, verify_episode
 from activities.generate import _request_body, _to_message, _token_data
 from activities.model_client import ModelClients, bad_response
@@ -34,7 +36,7 @@ from environments.registry import get_environment
 from gymflow.kernel import names
 from gymflow.kernel.episode_wire import BeginRequest, Finished, FinishRequest, Generated, ToolsRan, TurnRequest
 from gymflow.kernel.errors import GymflowError, TaskError
-from gymflow.kernel.failures import short_message
+from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, short_message
 from gymflow.kernel.store.episodes import (
     NewMessage,
     StoredMessage,
@@ -43,7 +45,7 @@ from gymflow.kernel.store.episodes import (
     load_task,
     load_task_tools,
     produced,
-    read_chain,
+    read_chain_after,
     rewrite_generations,
     save_task_tools,
 )
@@ -59,8 +61,10 @@ from gymflow.kernel.wire import (
     Usage,
     not_run_message,
 )
+from gymflow.training.policy import PolicyCache, reported_version
 
 _TASK_CACHE = 4096  # tasks are immutable per (run, task id): cache them per worker process
+_POLICIES = PolicyCache()  # the current policy version per model, at most ~0.5 s old
 
 
 def _producer() -> str:
@@ -82,6 +86,7 @@ class EpisodeActivities:
         self._judges = EnvActivities(sessions, models, env_options)  # the judge plumbing, shared
         self._tasks: OrderedDict[tuple[str, str], Task] = OrderedDict()
         self._task_tools: OrderedDict[tuple[str, str], tuple[ToolSpec, ...]] = OrderedDict()
+        self._chains = ChainCache()
         self.store_retry_s = store_retry_s
 
     # ---- reads and writes, each retried on its own (bounded) so a database blip costs no model call ----
@@ -95,6 +100,9 @@ class EpisodeActivities:
 
         await retry_store(attempt, what, budget_s=self.store_retry_s)
         return out[-1]
+
+    async def _read_policy(self, read: Any) -> Any:
+        return await self._read("reading the policy version", read)
 
     async def _task(self, run_id: str, task_id: str) -> Task:
         key = (run_id, task_id)
@@ -123,8 +131,13 @@ class EpisodeActivities:
                 self._task_tools.popitem(last=False)
         return self._task_tools[key]
 
-    async def _chain(self, head_id: int) -> list[StoredMessage]:
-        return await self._read("reading the episode", lambda s: read_chain(s, head_id))
+    async def _chain(self, rollout_id: str, head_id: int) -> list[StoredMessage]:
+        """The episode up to `head_id`; only what was appended since this worker last read it comes from
+        Postgres (activities/chain_cache.py)."""
+        known = self._chains.get(rollout_id)
+        chain = await self._read("reading the episode", lambda s: read_chain_after(s, head_id, known))
+        self._chains.put(rollout_id, chain)
+        return chain
 
     async def _append(self, rollout_id: str, parent_id: int | None, messages: list[NewMessage]) -> list[int]:
         producer, out = _producer(), []
@@ -181,8 +194,9 @@ class EpisodeActivities:
                 return _generated(earlier[-1], attempt)
             cfg = self._models.config(req.model)
             task = await self._task(req.run_id, req.task_id)
-            chain = await self._chain(req.head_id)
+            chain = await self._chain(req.rollout_id, req.head_id)
             started = time.monotonic()
+            policy = await _POLICIES.current(req.model, self._read_policy)  # current as the request goes out
             if cfg.recorded:
                 message, finish, usage, tokens = recorded(cfg.recorded).turn(req.task_id, req.turn), "recorded", \
                     Usage(), {}
@@ -208,9 +222,12 @@ class EpisodeActivities:
                 tokens = _token_data(resp, choice)
                 metrics.generation_done(req.model, time.monotonic() - started, usage)
             meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
-                    "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens}
-            (head,) = await self._append(req.rollout_id, req.head_id, [
-                NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)])
+                    "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,
+                    **await _POLICIES.turn_meta(req.model, self._read_policy, policy,
+                                                None if cfg.recorded else reported_version(resp))}
+            reply = [NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)]
+            _check_episode_size(req, chain, reply)
+            (head,) = await self._append(req.rollout_id, req.head_id, reply)
             return Generated(head_id=head, tool_calls=len(message.tool_calls or ()), finish_reason=finish,
                              usage=usage, attempt=attempt)
 
@@ -221,10 +238,10 @@ class EpisodeActivities:
             if earlier:
                 return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
             task = await self._task(req.run_id, req.task_id)
-            chain = await self._chain(req.head_id)
+            chain = await self._chain(req.rollout_id, req.head_id)
             calls = ChatMessage.model_validate(chain[-1].body).tool_calls or ()
             env = get_environment(task.env)
-            state = dict(latest_state(chain))
+            state = copy.deepcopy(latest_state(chain))  # tools may change it in place: never the cached one
             new: list[NewMessage] = []
             ended_by: str | None = None
             for call in calls:
@@ -239,6 +256,7 @@ class EpisodeActivities:
                 ended_by = call.function.name if done else None
             if not new:
                 raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
+            _check_episode_size(req, chain, new)
             ids = await self._append(req.rollout_id, req.head_id, new)
             return _tools_ran(ids[-1], [m.tokens or {} for m in new])
 
@@ -253,7 +271,7 @@ class EpisodeActivities:
     async def finish(self, req: FinishRequest) -> Finished:
         with boundary():
             summary = req.summary
-            chain = await self._chain(req.head_id) if req.head_id is not None else []
+            chain = await self._chain(summary.rollout_id, req.head_id) if req.head_id is not None else []
             score = await self._verify(req, chain) if req.verify else None
             if score is not None:
                 summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
@@ -267,6 +285,7 @@ class EpisodeActivities:
                     await rewrite_generations(session, summary.rollout_id, chain)
 
             await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
+            self._chains.drop(summary.rollout_id)
             metrics.rollout_finished(record)
             return Finished(reward=summary.reward, masked=summary.masked, failure_type=summary.failure_type)
 
@@ -276,7 +295,19 @@ class EpisodeActivities:
             env = get_environment(task.env)
             ctx = VerifyContext(policy_model=req.model, chat=self._judges._judge_chat(task.id),  # noqa: SLF001
                                 options=dict(self._env_options.get(task.env, {})))
-            return await verify_episode(env, env.parse_task(task), _chat(chain), latest_state(chain), ctx)
+            return await verify_episode(env, env.parse_task(task), _chat(chain), copy.deepcopy(latest_state(chain)),
+                                        ctx)
+
+
+def _check_episode_size(req: TurnRequest, chain: list[StoredMessage], new: list[NewMessage]) -> None:
+    """The episode with `new` appended must stay within limits.max_episode_bytes: else the rollout fails here,
+    typed, and `new` is not stored (the recorded transcript ends before the message that broke the limit)."""
+    if req.max_episode_bytes is None:
+        return
+    size = sum(message_size(m.body) for m in chain) + sum(message_size(m.body) for m in new)
+    if size > req.max_episode_bytes:
+        raise GymflowError(f"the episode would hold {size} bytes after turn {req.turn}, over "
+                           f"limits.max_episode_bytes={req.max_episode_bytes}", failure_type=TRANSCRIPT_TOO_LARGE)
 
 
 def _tools_ran(head_id: int, metas: list[dict[str, Any]]) -> ToolsRan:

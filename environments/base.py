@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -52,9 +52,33 @@ class VerifyContext:
     options: JSON = field(default_factory=dict)
 
 
+Placement = Literal["local", "pool"]
+
+
 class Environment(ABC, Generic[T]):
     name: ClassVar[str]
     task_type: ClassVar[type[TaskData]]
+    # Where setup, tool calls and verify run (docs/architecture.md): "local" as local activities inside the
+    # workflow pool (cheap, in-process, no sandbox: fewer Temporal transitions per rollout), "pool" on the env
+    # pool (sandboxed, judged or heavy). Overridden per run by `environments.<name>.placement` in the config.
+    placement: ClassVar[Placement] = "pool"
+    # True for an adapter whose rows may carry any other environment's fields (nemo_gym): routing then never
+    # tells such a row it fits another environment better.
+    accepts_any_row: ClassVar[bool] = False
+
+    @classmethod
+    def placement_for(cls, options: JSON) -> Placement:
+        """The placement for a run with these environment options (the config's `environments.<name>`)."""
+        return cls.placement
+    # Row fields beyond `task_type`'s own that this environment's rows carry (NeMo Gym rows bring extras such as
+    # `uuid`). Routing (gymflow/kernel/routing.py) compares the fields each environment knows to catch a row sent
+    # to the wrong one, so list the fields that tell your rows apart.
+    row_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def known_fields(cls) -> frozenset[str]:
+        """The verifier fields this environment reads or expects in a row."""
+        return frozenset(cls.task_type.model_fields) | frozenset(cls.row_fields)
 
     def parse_task(self, task: Task) -> T:
         """Validate the task's verifier fields; errors name the field."""
@@ -92,6 +116,11 @@ class Environment(ABC, Generic[T]):
         """Score the task's gold answer (should be 1.0); None when the environment has no gold answer."""
         return None
 
+    def gold_turns(self, task: Task, data: T) -> Sequence[ChatMessage] | None:
+        """The gold answer as the assistant messages of a winning episode, one per turn (tool calls allowed);
+        None when there is none. `gymflow env check` plays them through the real tool and verify paths."""
+        return None
+
 
 def final_assistant_text(messages: Sequence[ChatMessage]) -> str | None:
     """The content of the last assistant message, or None when the model never answered in text."""
@@ -99,6 +128,13 @@ def final_assistant_text(messages: Sequence[ChatMessage]) -> str | None:
         if m.role == "assistant":
             return m.content
     return None
+
+
+def episode_assistant_texts(messages: Sequence[ChatMessage]) -> list[str]:
+    """The text of every assistant message after the prompt (the last user or system message), in order: the
+    model's own output over the episode, as NeMo Gym's verifiers read `response.output`."""
+    start = max((i + 1 for i, m in enumerate(messages) if m.role in ("user", "system")), default=0)
+    return [m.content for m in messages[start:] if m.role == "assistant" and m.content]
 
 
 def called_tools(messages: Sequence[ChatMessage]) -> list[str]:

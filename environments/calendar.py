@@ -300,6 +300,7 @@ def gold_calendar(expected: Mapping[str, ExpectedEvent]) -> list[JSON] | None:
 class CalendarEnvironment(Environment[CalendarTask]):
     name = "calendar"
     task_type = CalendarTask
+    placement = "local"  # in-process and cheap: runs inside the workflow pool
 
     async def verify(self, data: CalendarTask, messages: Sequence[ChatMessage], state: JSON,
                      ctx: VerifyContext) -> Score:

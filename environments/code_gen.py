@@ -149,6 +149,8 @@ class CodeGenEnvironment(Environment[CodeGenTask]):
 
     name = "code_gen"
     task_type = CodeGenTask
+    row_fields = ("hash_id", "dataset", "source", "metadata", "result", "extracted_model_code",
+                  "extracted_model_output")  # NeMo Gym's task and rollout rows (routing, environments/base.py)
 
     def __init__(self, sandbox: Sandbox | None = None, *, timeout_s: float = 10.0, memory_bytes: int = 4 << 30,
                  max_concurrency: int | None = None, reasoning_format_penalty: float = 0.0) -> None:

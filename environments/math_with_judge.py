@@ -1,20 +1,24 @@
-"""Math with an LLM judge (NeMo Gym's `math_with_judge` resources server).
+"""Math with an LLM judge (NeMo Gym's `math_with_judge` resources server, as of NeMo Gym 0.7.0).
 
-The last `\\boxed{}` of the final answer is checked against `expected_answer` with math-verify; when
-that fails and a judge is configured, the judge is asked twice (answers swapped) whether the two
-answers are equivalent, and the reward is 1 only if both verdicts say so.
+The answer is read across the whole episode, as NeMo Gym reads `response.output`: the text of every
+assistant message after the prompt, joined with no separator (an agent may box its answer in one turn and
+only confirm it in the last). With no complete, non-blank `\\boxed{}` in that text the reward is 0 and
+nothing else runs. Otherwise math-verify compares the text with `expected_answer`; when that fails and a
+judge is on, the judge is asked twice (answers swapped) whether the *boxed answer* and `expected_answer`
+are equivalent, and the reward is 1 only if both verdicts say so.
 
-Parity notes (from NeMo Gym's app.py and the recorded example rollouts):
-- the gold is `\\boxed{<expected_answer without outer \\( \\) or $ $>}`, parsed as LaTeX; the prediction
-  is parsed with (Expr, LaTeX) extraction, as NeMo Gym's `math_metric` does;
-- the judge sees the raw `expected_answer` and the whole final answer text (the recorded
-  `judge_evaluations` show `\\boxed{...}` as assistant B's answer; newer NeMo Gym sends the extracted
-  answer instead, but the recorded rows are the reference here);
+Parity notes (NeMo Gym 0.7.0's app.py):
+- the gold is `\\boxed{<expected_answer without outer \\( \\) or $ $>}`, parsed as LaTeX; the prediction is
+  the whole episode text, parsed with (Expr, LaTeX) extraction, as NeMo Gym's `math_metric` does;
+- the judge sees the raw `expected_answer` and only the last boxed answer's content (older NeMo Gym sent
+  the whole answer: the recorded `judge_evaluations` of example_rollouts.jsonl show `\\boxed{...}`);
 - the judge is skipped when the library check passes, and the swapped call is skipped when the first
   verdict is "different";
 - a judge reply without a label counts as "different"; the first label in the text wins.
-Deliberate differences: NeMo Gym lets math-verify look for an answer anywhere in the text; here only the
-last `\\boxed{}` counts, and an empty answer is scored 0 without asking the judge.
+Deliberate differences: a judge that cannot be reached masks the rollout (`VerifierError`) instead of
+scoring it; the boxed answer is the last complete top-level `\\boxed{}` (`\\boxed {x}` counts, escaped
+braces do not, and a truncated last box falls back to the one before it), where NeMo Gym takes the last
+`\\boxed{` and scores 0 when that one is unterminated.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from environments.base import ChatFn, Environment, TaskData, VerifyContext, final_assistant_text
+from environments.base import (
+    ChatFn,
+    Environment,
+    Placement,
+    TaskData,
+    VerifyContext,
+    episode_assistant_texts,
+)
 from gymflow.kernel.errors import GymflowError, VerifierError
 from gymflow.kernel.failures import JUDGE_FAILED, JUDGE_UNAVAILABLE
 from gymflow.kernel.wire import ChatMessage, Score, Task
@@ -105,8 +116,9 @@ def strip_math_delimiters(s: str) -> str:
 # ---- the library check (runs in a worker process) ------------------------------------------------
 
 
-def library_check(expected_answer: str, boxed: str) -> tuple[float, str | None]:
-    """math-verify verdict and extracted answer, as NeMo Gym computes them; any error scores 0.
+def library_check(expected_answer: str, generated: str) -> tuple[float, str | None]:
+    """math-verify verdict and extracted answer for the generated text, as NeMo Gym computes them; any error
+    scores 0.
 
     Timeouts are disabled (signal.alarm only works in a main thread): callers bound the time by
     running this in a process they can kill (`CheckerPool`).
@@ -117,8 +129,7 @@ def library_check(expected_answer: str, boxed: str) -> tuple[float, str | None]:
     try:
         gold = parse("\\boxed{" + strip_math_delimiters(expected_answer) + "}", (LatexExtractionConfig(),),
                      parsing_timeout=None)
-        pred = parse("\\boxed{" + boxed + "}", (ExprExtractionConfig(), LatexExtractionConfig()),
-                     parsing_timeout=None)
+        pred = parse(generated, (ExprExtractionConfig(), LatexExtractionConfig()), parsing_timeout=None)
         if not gold or not pred:
             return 0.0, None
         # The first extraction that matches is the answer (NeMo Gym's choice); stop there, SymPy is slow.
@@ -144,6 +155,10 @@ def _serve(conn: Connection) -> None:
             conn.send((False, repr(e)))
 
 
+class CheckRaised(RuntimeError):
+    """math-verify raised on this input (the answer's fault, as in NeMo Gym: scored 0)."""
+
+
 class _Worker:
     """One long-lived checker process, reused until a job overruns; then it is killed."""
 
@@ -158,7 +173,7 @@ class _Worker:
         await _readable(self.conn)
         ok, value = self.conn.recv()  # EOFError when the process died mid-job
         if not ok:
-            raise RuntimeError(value)
+            raise CheckRaised(value)
         return value
 
     def kill(self) -> None:
@@ -255,6 +270,13 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
 
     name = "math_with_judge"
     task_type = MathWithJudgeTask
+    placement = "local"  # math-verify in this pool's own checker processes; a judge moves it to the env pool
+
+    @classmethod
+    def placement_for(cls, options: JSON) -> Placement:
+        return "pool" if options.get("judge_model") or options.get("should_use_judge") else "local"
+    # What NeMo Gym's rollout rows add; routing must not take a joined replay row for another environment's.
+    row_fields = ("extracted_answer", "library_reward", "judge_evaluations")
 
     def __init__(self, *, library_timeout_s: float = 10.0, library_workers: int | None = None,
                  library_start_method: str = "spawn", judge_attempts: int = 3, judge_backoff_s: float = 1.0) -> None:
@@ -265,23 +287,25 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
 
     async def verify(self, data: MathWithJudgeTask, messages: Sequence[ChatMessage], state: JSON,
                      ctx: VerifyContext) -> Score:
-        text = final_assistant_text(messages) or ""
+        text = "".join(episode_assistant_texts(messages))  # NeMo Gym joins the output texts with no separator
         boxed = last_boxed(text)
+        details: JSON = {"expected_answer": data.expected_answer, "boxed_answer": boxed, "extracted_answer": None,
+                         "library_reward": 0.0, "judge_evaluations": None}
+        if boxed is None or not boxed.strip():  # NeMo Gym: no boxed answer, no library check and no judge
+            return Score(reward=0.0, details=details)
         timeout = ctx.options.get("library_timeout_s")  # a run may allow slow SymPy more time
         library_reward, extracted, library_error = await self._library(
-            data.expected_answer, boxed, float(timeout) if timeout else None)
-        details: JSON = {"expected_answer": data.expected_answer, "boxed_answer": boxed,
-                         "extracted_answer": extracted, "library_reward": library_reward,
-                         "judge_evaluations": None}
+            data.expected_answer, text, float(timeout) if timeout else None)
+        details.update(extracted_answer=extracted, library_reward=library_reward)
         if library_error:
             details["library_error"] = library_error
-        if library_reward > 0.5 or not text.strip():  # nothing for a judge to weigh in an empty answer
+        if library_reward > 0.5:
             return Score(reward=library_reward, details=details)
         judge_model = self._judge_model(data, ctx)
         if judge_model is None:
             return Score(reward=library_reward, details=details)
         assert ctx.chat is not None  # _judge_model checked it
-        reward, evaluations = await self._judge(ctx.chat, judge_model, data, text)
+        reward, evaluations = await self._judge(ctx.chat, judge_model, data, boxed)
         return Score(reward=reward, details={**details, "judge_model": judge_model, "judge_evaluations": evaluations})
 
     async def validate(self, task: Task) -> Score:
@@ -293,18 +317,20 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
     def close(self) -> None:
         self.pool.close()
 
-    async def _library(self, expected: str, boxed: str | None, timeout_s: float | None = None
+    async def _library(self, expected: str, text: str, timeout_s: float | None = None
                        ) -> tuple[float, str | None, str | None]:
-        """(reward, extracted answer, error). Timeouts and crashes score 0, as in NeMo Gym."""
-        if boxed is None:
-            return 0.0, None, None
+        """(reward, extracted answer, error). What the answer caused scores 0, as in NeMo Gym: a check that
+        timed out, raised, or killed its process mid-job. A checker process that cannot start is the
+        platform's failure, not the answer's: unscorable (masked), never 0."""
         timeout_s = timeout_s or self.pool.timeout_s
         try:
-            reward, extracted = await self.pool.run(library_check, expected, boxed, timeout_s=timeout_s)
+            reward, extracted = await self.pool.run(library_check, expected, text, timeout_s=timeout_s)
         except TimeoutError:
             return 0.0, None, f"timed out after {timeout_s:g} s"
-        except (EOFError, OSError, RuntimeError) as e:
+        except (CheckRaised, EOFError) as e:
             return 0.0, None, f"checker process failed: {e!r}"
+        except (OSError, RuntimeError) as e:
+            raise VerifierError(f"math-verify checker process could not run: {e!r}") from None
         return reward, extracted, None
 
     def _judge_model(self, data: MathWithJudgeTask, ctx: VerifyContext) -> str | None:

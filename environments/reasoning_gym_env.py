@@ -3,7 +3,12 @@
 A row names its item either by reference, `dataset` + `seed` (+ `size`, `config`) + `index`, which the
 environment regenerates (deterministically, offline) with `reasoning_gym.create_dataset`, or carries the
 full entry (`question`, `answer`, `metadata`, as NeMo Gym's reasoning_gym rows do, the dataset name then
-defaulting to `metadata.source_dataset`). The final answer is scored by that dataset's own `score_answer`.
+defaulting to `metadata.source_dataset`). The answer is scored by that dataset's own `score_answer`.
+
+The answer is found as NeMo Gym 0.7.0 finds it, across the episode: the text of every assistant message
+after the prompt, joined with no separator (`<think>` reasoning dropped from each; NeMo Gym gets it as
+separate reasoning items), then the last `<answer>...</answer>`, else the first `\\boxed{...}` (no nested
+braces, as NeMo Gym's regex), else the whole text.
 `make_tasks` / `write_jsonl` produce reference rows that `load_jsonl` reads back.
 """
 
@@ -22,7 +27,7 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import extract_answer
 
-from environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
+from environments.base import JSON, Environment, TaskData, VerifyContext, episode_assistant_texts
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.wire import ChatMessage, Score, Task
 
@@ -86,14 +91,39 @@ def entry_for(data: ReasoningGymTask) -> JSON:
     return dataset[data.index]
 
 
-def extract_final_answer(text: str | None) -> str:
-    """Drop `<think>` reasoning, then take the last `<answer>...</answer>` if any, else the whole text."""
+def first_boxed(text: str) -> str | None:
+    """What NeMo Gym's `re.search(r"\\\\boxed\\{([^}]+)\\}")` finds (the first box, up to its first `}`), in linear
+    time: that regex is quadratic on a reply of many unclosed boxes."""
+    pos = 0
+    while (start := text.find("\\boxed{", pos)) >= 0:
+        pos = start + len("\\boxed{")
+        end = text.find("}", pos)
+        if end < 0:
+            return None  # no `}` anywhere after: no later box can close either
+        if end > pos:
+            return text[pos:end]
+    return None
+
+
+def visible_text(text: str | None) -> str:
+    """The message without its `<think>` reasoning."""
     if not text:
         return ""
     text = text.rsplit("</think>", 1)[-1]  # templates may open <think> in the prompt: keep what follows it
-    text = text.split("<think>", 1)[0]  # an unclosed <think> (cut off mid-thought) is not an answer
-    tagged = extract_answer(text, tag_name="answer")
-    return tagged if tagged is not None else text.strip()
+    return text.split("<think>", 1)[0]  # an unclosed <think> (cut off mid-thought) is not an answer
+
+
+def extract_final_answer(text: str | Sequence[str] | None) -> str:
+    """The answer in a message, or in the episode's assistant messages (joined as NeMo Gym joins them): the last
+    `<answer>...</answer>`, else the first `\\boxed{...}`, else the whole text, stripped."""
+    texts = [text] if text is None or isinstance(text, str) else list(text)
+    full = "".join(visible_text(t) for t in texts)
+    # reasoning-gym's tag regex is quadratic on many unclosed tags; without a closing tag it cannot match anyway
+    tagged = extract_answer(full, tag_name="answer") if "</answer>" in full else None
+    if tagged is not None:
+        return tagged
+    boxed = first_boxed(full)
+    return boxed.strip() if boxed is not None else full.strip()
 
 
 def _score(data: ReasoningGymTask, answer: str) -> Score:
@@ -132,6 +162,9 @@ def write_jsonl(tasks: Iterable[Task], path: str | Path) -> Path:
 class ReasoningGymEnvironment(Environment[ReasoningGymTask]):
     name = ENV_NAME
     task_type = ReasoningGymTask
+    placement = "local"  # in-process and cheap: runs inside the workflow pool
+    # What NeMo Gym's rollout rows add; routing must not take a joined replay row for another environment's.
+    row_fields = ("task_name", "score", "extracted_answer")
 
     def initial_messages(self, task: Task, data: ReasoningGymTask) -> Sequence[ChatMessage]:
         # A bare reference row may come without a prompt: ask the item's question.
@@ -139,7 +172,7 @@ class ReasoningGymEnvironment(Environment[ReasoningGymTask]):
 
     async def verify(self, data: ReasoningGymTask, messages: Sequence[ChatMessage], state: JSON,
                      ctx: VerifyContext) -> Score:
-        answer = extract_final_answer(final_assistant_text(messages))
+        answer = extract_final_answer(episode_assistant_texts(messages))
         if not answer:
             return Score(reward=0.0, details={"dataset": data.dataset_name, "reason": "no_answer"})
         # Generating an item or scoring it can take a while for some datasets: keep the event loop free.

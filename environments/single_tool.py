@@ -28,6 +28,7 @@ class SingleToolTask(TaskData):
 class SingleToolEnvironment(Environment[SingleToolTask]):
     name = "single_tool"
     task_type = SingleToolTask
+    placement = "local"  # in-process and cheap: runs inside the workflow pool
 
     def tools(self, task: Task, data: SingleToolTask) -> Sequence[ToolSpec]:
         return task.tools or (GET_WEATHER,)

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
@@ -128,6 +129,24 @@ def run_id_problem(run_id: str) -> str | None:
     return None
 
 
+Placement = Literal["local", "pool"]
+
+
+def placement_of(settings: Settings, env: str) -> Placement:
+    """`environments.<env>.placement` from the config when set, else the environment's declared placement."""
+    options = settings.environments.get(env, {})
+    chosen = options.get("placement")
+    if chosen is None:
+        from environments.registry import available, get_environment  # imports that one environment only
+
+        if env not in available():
+            return "pool"  # the rollout then fails typed (unknown_environment) where the env pool meets it
+        return get_environment(env).placement_for(options)
+    if chosen not in ("local", "pool"):
+        raise ConfigError(f"environments.{env}.placement: {chosen!r} is not one of 'local', 'pool'")
+    return chosen
+
+
 def check_collectable(settings: Settings, envs: Iterable[str], model: str, run_id: str | None = None) -> None:
     """Before anything starts: the run id fits a workflow id, every environment is installed and the model is
     configured."""
@@ -179,6 +198,7 @@ class GymflowClient:
         self.settings = settings
         self.reconnect_wait_s = reconnect_wait_from_env() if reconnect_wait_s is None else reconnect_wait_s
         self.on_notice: Callable[[str], None] = on_notice or log.warning  # the CLI prints these lines
+        self._placements: dict[str, Placement] = {}
         self._stored_tasks: set[tuple[str, str]] = set()  # (run, task) already in `tasks`, for by-reference runs
         self._outage = _Outage(temporal.service_client.config.target_host, lambda m: self.on_notice(m))
         self._database_url = database_url
@@ -251,15 +271,23 @@ class GymflowClient:
             await self._with_store(write, f"storing the tasks of run {run_id}")
             self._stored_tasks.update((run_id, t.id) for t in chunk)
 
-    async def start_rollout(self, inp: RolloutInput, *, retry_failed: bool = False
+    def placement(self, env: str) -> Placement:
+        """Where `env`'s setup, tool calls and verify run: `environments.<env>.placement` in the config, else the
+        environment's own default (environments/base.py)."""
+        if env not in self._placements:
+            self._placements[env] = placement_of(self.settings, env)
+        return self._placements[env]
+
+    async def start_rollout(self, inp: RolloutInput, *, retry_failed: bool = False, rerun: bool = False
                             ) -> tuple[WorkflowHandle[Any, RolloutSummary], Outcome]:
-        """Start (or attach to) the rollout's workflow. Raises RPCError when Temporal refuses this one."""
+        """Start (or attach to) the rollout's workflow. Raises RPCError when Temporal refuses this one.
+        `rerun`: start it again even when it completed (the trainer iterator restarting a stale rollout)."""
         rid = inp.rollout_id
 
         by_reference = self.settings.rollout.workflow == "episode"
         if by_reference:
             await self.store_tasks(inp.run_id, [inp.task])
-        workflow, arg = ((names.EPISODE_WORKFLOW, episode_input(inp)) if by_reference
+        workflow, arg = ((names.EPISODE_WORKFLOW, episode_input(inp, self.placement(inp.task.env))) if by_reference
                          else (names.ROLLOUT_WORKFLOW, inp))
 
         def start() -> Awaitable[WorkflowHandle[Any, RolloutSummary]]:
@@ -267,7 +295,8 @@ class GymflowClient:
                 workflow, arg, id=rid, task_queue=names.WORKFLOWS_QUEUE,
                 result_type=RolloutSummary, execution_timeout=WORKFLOW_TIMEOUT,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=(WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY if retry_failed
+                id_reuse_policy=(WorkflowIDReusePolicy.ALLOW_DUPLICATE if rerun
+                                 else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY if retry_failed
                                  else WorkflowIDReusePolicy.REJECT_DUPLICATE),
                 search_attributes=TypedSearchAttributes([
                     SearchAttributePair(names.SA_RUN, inp.run_id), SearchAttributePair(names.SA_ENV, inp.task.env),
@@ -305,6 +334,18 @@ class GymflowClient:
 
         await self._with_store(write, f"record rollout {inp.rollout_id}")
 
+    async def in_store(self, work: Callable[[AsyncSession], Awaitable[T]], what: str) -> T:
+        """`work` in one transaction, waiting (bounded) for an unreachable Postgres; e.g. the trainer iterator's
+        policy-version reads and writes (gymflow/training/policy.py)."""
+        out: list[T] = []
+
+        async def write() -> None:
+            async with self._sessions.begin() as session:
+                out.append(await work(session))
+
+        await self._with_store(write, what)
+        return out[-1]
+
     async def _with_store(self, write: Callable[[], Awaitable[None]], what: str) -> None:
         """Run `write` (one transaction), waiting (bounded) for an unreachable Postgres to come back."""
         started = time.monotonic()
@@ -331,10 +372,10 @@ class GymflowClient:
         await self._save(summary, inp)
         return summary
 
-    async def run_one(self, inp: RolloutInput, *, retry_failed: bool = False) -> CollectResult:
+    async def run_one(self, inp: RolloutInput, *, retry_failed: bool = False, rerun: bool = False) -> CollectResult:
         """Start or attach, then wait for the result; a start Temporal refuses becomes a recorded failure."""
         try:
-            handle, outcome = await self.start_rollout(inp, retry_failed=retry_failed)
+            handle, outcome = await self.start_rollout(inp, retry_failed=retry_failed, rerun=rerun)
         except RPCError as err:  # transient ones were ridden out inside start_rollout
             return CollectResult(await self._rejected(inp, err), "rejected")
         return CollectResult(await self.result(handle, inp), outcome)

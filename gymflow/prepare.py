@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from environments.base import Environment
 from environments.registry import get_environment
 from gymflow.kernel.datasets import DatasetError, ErrorLog, check_value, duplicate, iter_tasks, read_rows
 from gymflow.kernel.errors import GymflowError, TaskError
-from gymflow.kernel.wire import Task
+from gymflow.kernel.routing import route_problem
 
 
 @dataclass
@@ -96,7 +95,7 @@ def _line(row: dict[str, Any]) -> str:
 
 def prepare(path: str | Path, env_name: str, out: str | Path) -> PrepareReport:
     """Check every row of `path` against `env_name`'s task type; write the good ones, routed, to `out`."""
-    env = get_environment(env_name)
+    get_environment(env_name)  # an unknown name fails here, before anything is written
     src, target, report = Path(path), Path(out), PrepareReport()
     refuse_to_overwrite([src], target)
     errors = ErrorLog(str(src))
@@ -104,8 +103,8 @@ def prepare(path: str | Path, env_name: str, out: str | Path) -> PrepareReport:
     with atomic_output(target) as sink:
         for row, task in iter_tasks(src, env=env_name, errors=errors):
             problem = duplicate(seen, task.id, row.line)
-            if problem is None:
-                problem = _parse_problem(env, task)
+            if problem is None:  # the environment's own check, and whether another environment fits it better
+                problem = route_problem(env_name, task)
             if problem is not None:
                 errors.add(DatasetError(str(src), row.line, problem))
                 continue
@@ -120,21 +119,13 @@ def prepare(path: str | Path, env_name: str, out: str | Path) -> PrepareReport:
     return report
 
 
-def _parse_problem(env: Environment[Any], task: Task) -> str | None:
-    try:
-        env.parse_task(task)
-    except TaskError as e:
-        return str(e)
-    except Exception as e:  # plug-in code: a crash on one row is that row's error, not the file's
-        return f"environment {env.name} could not parse the row: {type(e).__name__}: {e}"
-    return None
-
-
 def conversation_key(inp: Any) -> str:
     """The prompt as (role, content) pairs: rollout rows add item fields (`type`) that tasks lack."""
     if isinstance(inp, str):
         return inp
-    return json.dumps([(m.get("role"), m.get("content")) for m in inp if isinstance(m, dict)], ensure_ascii=False)
+    # sort_keys: content parts are objects whose key order differs between task and rollout files.
+    return json.dumps([(m.get("role"), m.get("content")) for m in inp if isinstance(m, dict)], ensure_ascii=False,
+                      sort_keys=True)
 
 
 def _conversation(value: Any) -> str:

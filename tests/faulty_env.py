@@ -5,7 +5,9 @@ The faulty environment misbehaves on request.
 
 Task fields pick the fault: `fail_in` ("setup", "verify") raises an unexpected multi-line error there,
 `mask` makes verify unscorable, `slow_s` makes tools and verify take that long. Tools: `echo` (returns its
-`text` argument as it is, NUL bytes included), `boom` (raises an unexpected error), `sleep` (slow_s).
+`text` argument as it is, NUL bytes included), `boom` (raises an unexpected error), `sleep` (slow_s), `blob`
+(returns `size` bytes, at most 1 MB: a large tool output from a small call), `zombie` (its first attempt
+outlives its start-to-close timeout, ignoring cancellation, and then answers: a zombie attempt's late write).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from importlib.metadata import EntryPoint
 
 import pytest
+from temporalio import activity
 
 from environments import registry
 from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
@@ -24,7 +27,9 @@ from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 NAME = "faulty_test_env"
 ENTRY_POINT = EntryPoint(name=NAME, value="tests.faulty_env:FaultyEnvironment", group="gymflow.environments")
 _OBJECT = {"type": "object", "properties": {"text": {"type": "string"}}}
-TOOLS = tuple(ToolSpec(name=n, description=n, parameters=_OBJECT) for n in ("echo", "boom", "sleep"))
+ZOMBIE_S = 5.0  # how long the zombie tool's first attempt runs
+ZOMBIES_RETURNED: list[object] = []  # a zombie's task data, once it has returned (this process's env pool)
+TOOLS = tuple(ToolSpec(name=n, description=n, parameters=_OBJECT) for n in ("echo", "boom", "sleep", "blob", "zombie"))
 # Multi-line, like a chained traceback: only the first line may reach the record.
 TRACEBACK_TEXT = "the environment broke\nTraceback (most recent call last):\n  File \"x.py\", line 1"
 
@@ -52,6 +57,14 @@ class FaultyEnvironment(Environment[FaultyTask]):
             raise KeyError("boom")
         if name == "sleep":
             await asyncio.sleep(data.slow_s)
+        if name == "zombie":
+            attempt = activity.info().attempt
+            if attempt == 1:
+                await _outlive_cancellation(ZOMBIE_S)
+                ZOMBIES_RETURNED.append(data)
+            return ToolOutput(content=f"answered by attempt {attempt}", state=state)
+        if name == "blob":
+            return ToolOutput(content="z" * min(int(args.get("size", 0)), 1 << 20), state=state)
         return ToolOutput(content=str(args.get("text", "")), state=state)
 
     async def verify(self, data: FaultyTask, messages: Sequence[ChatMessage], state: JSON,
@@ -62,6 +75,17 @@ class FaultyEnvironment(Environment[FaultyTask]):
         if data.mask:
             raise VerifierError("cannot score this\nsecond line")
         return Score(reward=1.0 if "echo" in called_tools(messages) else 0.0)
+
+
+async def _outlive_cancellation(seconds: float) -> None:
+    """Sleep `seconds` even if cancelled meanwhile, as code that never checks for cancellation would."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while (left := end - loop.time()) > 0:
+        try:
+            await asyncio.sleep(left)
+        except asyncio.CancelledError:
+            continue
 
 
 def faulty_task(task_id: str = "f0", text: str = "go", **data: object) -> Task:

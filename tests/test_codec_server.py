@@ -78,7 +78,8 @@ async def test_decode_adds_the_messages_behind_head_ids(ep, scripted, codec, run
     inp = ep.make_input(run_id, weather_task(), 0, "policy")
     assert (await ep.run_rollout(inp)).status == "completed"
     results = await _activity_results(ep, inp.rollout_id)
-    generated, began = results[names.EPISODE_GENERATE], results[names.EPISODE_BEGIN]
+    generated = results[names.EPISODE_GENERATE]
+    began = [payload(int(data(generated[0])["head_id"]) - 1)]  # a bare id, like begin's result
     assert [set(data(p)) >= {"head_id"} for p in generated] == [True, True]
     assert "cold" not in json.dumps([data(p) for p in generated])  # ids only, until decoded
 
@@ -91,7 +92,7 @@ async def test_decode_adds_the_messages_behind_head_ids(ep, scripted, codec, run
     assert call_msg["tool_calls"] == [{"name": "get_weather", "arguments": json.dumps({"city": "SF"})}]
     assert data(answer)["head_message"] == {"role": "assistant", "content": "cold"}
     assert data(answer)["head_id"] == data(generated[1])["head_id"]  # the original fields stay
-    assert begin == began[0]  # begin's result is a bare id: returned as sent
+    assert begin == began[0]  # a bare id (begin's result) is returned as sent
 
 
 async def test_preflight_answers_the_ui_origin_only(codec):

@@ -16,6 +16,7 @@ from environments.math_with_judge import (
     JUDGE_FAILED,
     JUDGE_UNAVAILABLE,
     CheckerPool,
+    CheckRaised,
     MathWithJudgeEnvironment,
     judge_messages,
     judge_verdict,
@@ -141,7 +142,7 @@ async def test_library_timeout_scores_zero_like_nemo_gym() -> None:
 async def test_spawned_worker_runs_the_check() -> None:
     pool = CheckerPool(1, timeout_s=20.0)  # spawn: the worker imports this module and math-verify afresh
     try:
-        assert await pool.run(library_check, r"\(\frac{1}{2}\)", "0.5") == (1.0, "1/2")
+        assert await pool.run(library_check, r"\(\frac{1}{2}\)", r"so \boxed{0.5}") == (1.0, "1/2")
     finally:
         pool.close()
 
@@ -166,11 +167,12 @@ async def test_pool_kills_an_overrunning_worker_and_recovers() -> None:
 
 async def test_judge_equal_in_both_orders_scores_one(env: MathWithJudgeEnvironment) -> None:
     judge = FakeJudge(EQUAL, EQUAL)
-    s = await score(env, math_task("4", "What is 2+2?"), r"\boxed{four}", judge, JUDGE)
+    s = await score(env, math_task("4", "What is 2+2?"), r"It is \boxed{four}.", judge, JUDGE)
     assert s.reward == 1.0 and s.details["library_reward"] == 0.0
     assert [c[0] for c in judge.calls] == ["judge", "judge"]
-    assert judge.calls[0][1] == judge_messages("What is 2+2?", "4", r"\boxed{four}")
-    assert judge.calls[1][1] == judge_messages("What is 2+2?", r"\boxed{four}", "4")
+    # NeMo Gym 0.7.0 sends the judge the boxed answer only, not the text around it
+    assert judge.calls[0][1] == judge_messages("What is 2+2?", "4", "four")
+    assert judge.calls[1][1] == judge_messages("What is 2+2?", "four", "4")
     assert [e["verdict"] for e in s.details["judge_evaluations"]] == ["equal", "equal"]
 
 
@@ -252,12 +254,16 @@ async def test_validate_passes_on_every_example_task(env: MathWithJudgeEnvironme
 
 
 def recorded_judge(row: dict[str, Any]) -> FakeJudge:
-    """Replays the row's judge replies, checking each prompt is the one NeMo Gym sent."""
+    """Replays the row's judge replies, checking each prompt is the one NeMo Gym 0.7.0 sends. The recording is
+    older: its prompts hold the whole answer, `\\boxed{X}`, where 0.7.0 sends X."""
     evaluations = row["judge_evaluations"] or []
     replies = [e["response"]["output"][-1]["content"][-1]["text"] for e in evaluations]
     judge = FakeJudge(*replies)
-    judge.expected = [[(m["role"], m["content"]) for m in e["responses_create_params"]["input"]]  # type: ignore[attr-defined]
-                      for e in evaluations]
+    answer = "".join(c["text"] for o in row["response"]["output"] if o["type"] == "message" for c in o["content"])
+    boxed = last_boxed(answer)
+    assert boxed is not None and all(answer in e["responses_create_params"]["input"][1]["content"] for e in evaluations)
+    judge.expected = [[(m["role"], m["content"].replace(answer, boxed))  # type: ignore[attr-defined]
+                       for m in e["responses_create_params"]["input"]] for e in evaluations]
     return judge
 
 
@@ -280,3 +286,34 @@ async def test_replay_matches_nemo_gym_reward(env: MathWithJudgeEnvironment, i: 
     assert s.details["library_reward"] == row["library_reward"]
     assert s.details["extracted_answer"] == row["extracted_answer"]
     assert [[(m.role, m.content) for m in msgs] for _, msgs in judge.calls] == judge.expected  # type: ignore[attr-defined]
+
+
+async def test_a_checker_that_cannot_start_masks_instead_of_scoring_zero(monkeypatch) -> None:
+    # The platform's failure (no process could start), not the answer's: unscorable, never reward 0.
+    env = MathWithJudgeEnvironment(library_timeout_s=5, library_workers=1, library_start_method="fork")
+    try:
+        def refuse(self) -> None:
+            raise OSError("[Errno 11] Resource temporarily unavailable")
+
+        monkeypatch.setattr(env.pool._ctx.Process, "start", refuse)
+        task = env.parse_task(Task(id="m", env="math_with_judge", messages=(ChatMessage(role="user", content="1+1"),),
+                                   data={"question": "1+1", "expected_answer": "2"}))
+        with pytest.raises(VerifierError, match="could not run"):
+            await env.verify(task, (ChatMessage(role="assistant", content=r"\boxed{2}"),), {},
+                             VerifyContext("m", options={"should_use_judge": False}))
+    finally:
+        env.close()
+
+
+async def test_an_answer_that_makes_math_verify_raise_scores_zero(env) -> None:
+    # math-verify raising on the answer is the answer's fault (NeMo Gym: 0); CheckRaised carries it.
+    async def raising(*_: object, **__: object) -> None:
+        raise CheckRaised("ValueError('bad latex')")
+
+    real = env.pool.run
+    env.pool.run = raising
+    try:
+        score = await env._library("2", r"\boxed{2}")
+    finally:
+        env.pool.run = real
+    assert score[0] == 0.0 and "bad latex" in score[2]

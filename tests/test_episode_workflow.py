@@ -6,11 +6,15 @@ history stay bounded whatever the tools return, and failures, retries, reruns an
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
+import pytest
+
 from gymflow.client import GymflowClient
 from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
+from tests.faulty_env import ZOMBIES_RETURNED, faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
 from tests.helpers import weather_task
 
 
@@ -180,3 +184,65 @@ async def test_the_generate_pool_reads_the_tools_begin_stored(ep, scripted, sql,
     assert [t["name"] for t in tools] == ["get_weather"]
     offered = [t["function"]["name"] for t in scripted.requests[0].body["tools"]]
     assert offered == ["get_weather"]
+
+
+async def _transitions_and_events(client: GymflowClient, rollout_id: str) -> tuple[int, list[str]]:
+    handle = client.temporal.get_workflow_handle(rollout_id)
+    desc = await handle.describe()
+    history = await handle.fetch_history()
+    return (desc.raw_description.workflow_execution_info.state_transition_count,
+            [e.WhichOneof("attributes") for e in history.events])
+
+
+async def test_a_local_environment_runs_its_steps_in_the_workflow_pool(ep, scripted, sql, run_id):
+    # single_tool is placed "local": begin, run_tools and finish are local activities (markers), so a
+    # single-tool rollout costs only the two generate activities' round trips (issue 8's target: <= 12).
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
+    inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    assert (await ep.run_rollout(inp)).reward == 1.0
+    transitions, events = await _transitions_and_events(ep, inp.rollout_id)
+    assert events.count("activity_task_scheduled_event_attributes") == 2  # the two generations only
+    assert events.count("marker_recorded_event_attributes") == 3  # begin, run_tools, finish
+    assert transitions <= 12, transitions
+    assert sql("SELECT status, reward FROM rollouts WHERE id = %s", inp.rollout_id) == [("completed", 1.0)]
+
+
+async def test_placement_pool_sends_the_steps_to_the_env_pool(ep, scripted, run_id):
+    ep.settings.environments["single_tool"] = {"placement": "pool"}
+    ep._placements.clear()  # noqa: SLF001 (the client caches placements per environment)
+    try:
+        scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
+        inp = ep.make_input(run_id, weather_task(), 0, "policy")
+        assert (await ep.run_rollout(inp)).reward == 1.0
+        _, events = await _transitions_and_events(ep, inp.rollout_id)
+        assert events.count("activity_task_scheduled_event_attributes") == 5
+        assert events.count("marker_recorded_event_attributes") == 0
+    finally:
+        ep.settings.environments.pop("single_tool", None)
+        ep._placements.clear()  # noqa: SLF001
+
+
+@pytest.mark.usefixtures("faulty_env")
+async def test_a_zombie_attempt_s_late_write_never_replaces_the_accepted_one(ep, scripted, sql, run_id):
+    # run_tools' first attempt outlives its 2 s start-to-close; attempt 2 answers and is accepted; then the
+    # zombie finishes and tries to append its own tool message under the same producer key.
+    zombies_before = len(ZOMBIES_RETURNED)
+    scripted.script(tool_call("zombie", {"text": "z"}), text("done"))
+    inp = ep.make_input(run_id, faulty_task("zombie"), 0, "policy")
+    env_limits = inp.limits.env.model_copy(update={"start_to_close_s": 2, "heartbeat_s": None,
+                                                   "initial_backoff_s": 0.1})
+    inp = inp.model_copy(update={"limits": inp.limits.model_copy(update={"env": env_limits})})
+    summary = await ep.run_rollout(inp)
+    assert summary.status == "completed", summary
+    for _ in range(200):  # until the zombie has returned; then give its write time to land
+        if len(ZOMBIES_RETURNED) > zombies_before:
+            break
+        await asyncio.sleep(0.1)
+    assert len(ZOMBIES_RETURNED) > zombies_before, "the zombie attempt never returned"
+    await asyncio.sleep(2)
+    tool_rows = sql("SELECT body->>'content' FROM messages WHERE rollout_id = %s AND role = 'tool'", inp.rollout_id)
+    assert tool_rows == [("answered by attempt 2",)], tool_rows
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert [m["content"] for m in transcript if m["role"] == "tool"] == ["answered by attempt 2"]
+    # what the model saw next is that same accepted answer
+    assert scripted.requests[-1].body["messages"][-1]["content"] == "answered by attempt 2"

@@ -244,7 +244,8 @@ CASES = {
         r, Task(id="unknown_env", env="no_such_env", messages=(ChatMessage(role="user", content="hi"),)),
         0, "policy")),
     "too_large": ("transcript_too_large", lambda gf, s, r: _limits(
-        _faulty(gf, r, "too_large", [tool_call("echo", {"text": "y" * 3000})] * 3, s), max_transcript_bytes=4000)),
+        _faulty(gf, r, "too_large", [tool_call("echo", {"text": "y" * 3000})] * 3, s), max_transcript_bytes=4000,
+        max_episode_bytes=4000)),
     "env_setup": ("environment_error", lambda gf, s, r: _faulty(gf, r, "env_setup", [], s, fail_in="setup")),
     "env_tool": ("environment_error", lambda gf, s, r: _faulty(gf, r, "env_tool", [tool_call("boom", {})], s)),
     "env_verify": ("environment_error", lambda gf, s, r: _faulty(gf, r, "env_verify", [text("x")], s,

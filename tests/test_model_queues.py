@@ -111,7 +111,7 @@ async def test_each_model_runs_on_its_own_worker_and_an_unserved_model_waits(
                 except RPCError:  # not started yet
                     desc = None
                 pending = desc.raw_description.pending_activities if desc else []
-                if pending and pending[0].activity_type.name == names.GENERATE:
+                if pending and pending[0].activity_type.name in (names.GENERATE, names.EPISODE_GENERATE):
                     break
                 assert time.monotonic() < deadline, desc
                 await asyncio.sleep(0.2)

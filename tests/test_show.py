@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
 from gymflow.testing.scripted_openai import context_length_error, text, tool_call
+from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
 from tests.helpers import weather_task
 from tests.test_reports import UI, gymflow
 
@@ -63,3 +66,21 @@ async def test_show_failure_and_unknown(gf, scripted, run_id, config_file):
     assert f"no rollout '{run_id}/nope/0'" in missing.stderr and rid in missing.stderr  # names ids that exist
     nothing = await asyncio.to_thread(gymflow, config_file, "show", "no-such-run/x/0")
     assert nothing.returncode == 1 and "ids look like RUN/TASK/SAMPLE" in nothing.stderr
+
+
+@pytest.mark.usefixtures("faulty_env")
+async def test_show_a_running_episode_from_its_stored_messages(gf, scripted, sql, run_id, config_file):
+    # The tool sleeps, so the rollout is mid-episode: `rollouts` has no transcript yet, the messages do.
+    scripted.script(tool_call("sleep", {"text": "zz"}), text("woke up"))
+    inp = gf.make_input(run_id, faulty_task("slow", slow_s=8), 0, "policy")
+    handle, _ = await gf.start_rollout(inp)
+    for _ in range(100):
+        if sql("SELECT count(*) FROM messages WHERE rollout_id = %s AND role = 'assistant'", inp.rollout_id)[0][0]:
+            break
+        await asyncio.sleep(0.1)
+    proc = await asyncio.to_thread(gymflow, config_file, "show", inp.rollout_id)
+    assert proc.returncode == 0, proc.stderr
+    assert "running" in proc.stdout and "the episode is running" in proc.stdout, proc.stdout
+    assert re.search(r"-> tool call sleep", proc.stdout), proc.stdout
+    summary = await gf.result(handle, inp)
+    assert summary.status == "completed"

@@ -144,10 +144,11 @@ async def test_nul_in_tool_output_and_arguments_is_stored(gf, scripted, sql, fau
     inp = gf.make_input(RUN_ID, faulty_task("nul-tool"), 0, "policy")
     summary = await gf.run_rollout(inp)
     assert summary.status == "completed" and summary.reward == 1.0
-    # the model saw the real output; the row holds the replacement character
-    assert scripted.requests[1].body["messages"][-1]["content"] == "out\x00put"
+    # Postgres text holds no NUL: the row holds the replacement character, and (by reference) the model was
+    # sent the episode as stored, so what it saw and what the trainer reads are the same.
     ((transcript,),) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)
     assert transcript[-2]["content"] == f"out{REPLACEMENT}put"
+    assert scripted.requests[1].body["messages"][-1]["content"] == transcript[-2]["content"]
 
 
 async def test_nul_in_ids_is_stored(real_sessions, sql):

@@ -70,7 +70,7 @@ async def test_context_length_400_logs_one_line_in_the_worker(gf, generate_pool,
     # activities/generate.py logs its own "generation failed: <type>" line too; this is the SDK's record.
     lines = [ln for ln in new.splitlines() if f"(workflow {inp.rollout_id}," in ln]
     assert len(lines) == 1, new
-    assert "WARNING" in lines[0] and "activity gymflow.generate failed" in lines[0], lines
+    assert "WARNING" in lines[0] and "activity gymflow.episode.generate failed" in lines[0], lines
     assert "context_length_exceeded" in lines[0] and "maximum context length" in lines[0], lines
     assert "Traceback" not in new and SDK_MESSAGE not in new, new
 

@@ -11,6 +11,7 @@ from typing import Literal
 
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from gymflow.kernel import names
 from gymflow.kernel.config import Settings
@@ -31,13 +32,34 @@ class PoolWorkers:
             await close()
 
 
-def _workflow_worker(client: Client, settings: Settings) -> Worker:
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The workflow sandbox with every import passed through: modules load once per process instead of once per
+    workflow run (a large share of the workflow pool's CPU per rollout, docs/benchmarks.md). Determinism checks
+    on calls (time, randomness, I/O) still apply; workflow modules keep no module-level state."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
+
+
+def _workflow_worker(client: Client, settings: Settings, database_url: str, out: PoolWorkers) -> Worker:
+    """Workflows, plus the environment-side steps of environments placed "local" (environments/base.py), which
+    run here as local activities: this pool reaches Postgres too."""
+    from activities.episode import EpisodeActivities
+    from activities.model_client import ModelClients
     from workflows.episode import EpisodeWorkflow
     from workflows.rollout import RolloutWorkflow
 
+    engine = make_engine(database_url)
+    out.closers.append(engine.dispose)
+    models = ModelClients(settings.models)
+    out.closers.append(models.close)
+    local = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
     return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[RolloutWorkflow, EpisodeWorkflow],
+                  activities=[local.begin, local.run_tools, local.finish],
                   max_concurrent_workflow_tasks=min(settings.pools.workflows.concurrency, 200),
                   max_cached_workflows=max(settings.pools.workflows.concurrency, 100),
+                  max_concurrent_local_activities=min(settings.pools.workflows.concurrency, 200),
+                  # Nothing schedules (non-local) activities on this queue: one poller is enough.
+                  max_concurrent_activity_task_polls=1,
+                  workflow_runner=workflow_runner(),
                   graceful_shutdown_timeout=timedelta(seconds=10))
 
 
@@ -71,7 +93,9 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
     wanted = POOLS if pool == "all" else (pool,)
     out = PoolWorkers(workers=[])
     if "workflows" in wanted:
-        out.workers.append(_workflow_worker(client, settings))
+        # No migrate here: workflows keep running while Postgres is down (their local activities retry, bounded),
+        # so this pool must start without it. The env and generate pools apply migrations.
+        out.workers.append(_workflow_worker(client, settings, database_url, out))
     if "env" not in wanted and "generate" not in wanted:
         return out
 

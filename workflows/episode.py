@@ -9,6 +9,7 @@ counters and short strings, whatever the number of turns, the task's size or the
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -25,8 +26,10 @@ with workflow.unsafe.imports_passed_through():
         ToolsRan,
         TurnRequest,
     )
-    from gymflow.kernel.wire import RolloutSummary, Usage
-    from workflows.rollout import activity_options, failure_of, should_continue_as_new
+    from gymflow.kernel.wire import ActivityLimits, RolloutSummary, Usage
+    from workflows.rollout import activity_options, failure_of, local_activity_options, should_continue_as_new
+
+R = TypeVar("R")
 
 
 @workflow.defn(name=names.EPISODE_WORKFLOW)
@@ -57,17 +60,27 @@ class EpisodeWorkflow:
             failure = failure_of(err)
         return await self._finish(inp, started, failure)
 
+    async def _on_env(self, inp: EpisodeInput, name: str, arg: Any, result_type: type[R],
+                      limits: ActivityLimits | None = None) -> R:
+        """An environment-side step: a local activity in this pool for environments placed "local" (no task
+        queue round trip: fewer transitions), else an activity on the env pool. Same timeouts and retries."""
+        limits = limits or inp.limits.env
+        if inp.placement == "local":
+            return await workflow.execute_local_activity(name, arg, result_type=result_type,
+                                                         **local_activity_options(limits))
+        return await workflow.execute_activity(name, arg, result_type=result_type,
+                                               **activity_options(limits, names.ENV_QUEUE))
+
     async def _begin(self, inp: EpisodeInput, started: datetime) -> EpisodeRef:
         self._enter("setup")
-        head = await workflow.execute_activity(
-            names.EPISODE_BEGIN, BeginRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id,
-                                              sample_index=inp.sample_index, model=inp.model),
-            result_type=int, **activity_options(inp.limits.env, names.ENV_QUEUE))
+        head = await self._on_env(
+            inp, names.EPISODE_BEGIN, BeginRequest(rollout_id=inp.rollout_id, run_id=inp.run_id,
+                                                   task_id=inp.task_id, sample_index=inp.sample_index,
+                                                   model=inp.model), int)
         return EpisodeRef(head_id=head, started_at=started)
 
     async def _turns(self, inp: EpisodeInput) -> None:
         gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
-        env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
         turns_here = 0
         while (ep := self._episode) is not None and ep.turn < inp.max_turns:
             if turns_here and should_continue_as_new(inp.turns_per_run, turns_here):
@@ -75,7 +88,8 @@ class EpisodeWorkflow:
                 workflow.continue_as_new(inp.model_copy(update={"episode": ep}))
             self._enter("generate")
             turn = TurnRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, model=inp.model,
-                               turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling)
+                               turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling,
+                               max_episode_bytes=inp.limits.max_episode_bytes)
             gen = await workflow.execute_activity(names.EPISODE_GENERATE, turn, result_type=Generated, **gen_opts)
             ep = self._episode = ep.model_copy(update={
                 "head_id": gen.head_id, "turn": ep.turn + 1, "usage": ep.usage + gen.usage,
@@ -84,9 +98,8 @@ class EpisodeWorkflow:
             if not gen.tool_calls:
                 return
             self._enter("tools")
-            ran = await workflow.execute_activity(
-                names.EPISODE_RUN_TOOLS, turn.model_copy(update={"head_id": ep.head_id}), result_type=ToolsRan,
-                **env_opts)
+            ran = await self._on_env(inp, names.EPISODE_RUN_TOOLS, turn.model_copy(update={"head_id": ep.head_id}),
+                                     ToolsRan)
             self._episode = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
             if ran.done:  # the environment ended the episode; never true in histories recorded before `done`
                 return
@@ -101,12 +114,11 @@ class EpisodeWorkflow:
             attempts=ep.attempts if ep else 0,
             latency_s=(workflow.now() - started).total_seconds())
         self._enter("verify" if failure is None else "persist")
-        opts = activity_options(inp.limits.env, names.ENV_QUEUE)
         request = FinishRequest(summary=summary, env=inp.env, model=inp.model, head_id=ep.head_id if ep else None,
                                 verify=failure is None)
         try:
             try:
-                done = await workflow.execute_activity(names.EPISODE_FINISH, request, result_type=Finished, **opts)
+                done = await self._on_env(inp, names.EPISODE_FINISH, request, Finished)
             except ActivityError as err:
                 if failure is not None:
                     raise
@@ -114,9 +126,9 @@ class EpisodeWorkflow:
                 failure = failure_of(err)
                 summary = summary.model_copy(update={"status": "failed", "failure_type": failure[0],
                                                      "failure_message": failure[1]})
-                done = await workflow.execute_activity(
-                    names.EPISODE_FINISH, request.model_copy(update={"summary": summary, "verify": False}),
-                    result_type=Finished, **activity_options(inp.limits.persist, names.ENV_QUEUE))
+                done = await self._on_env(
+                    inp, names.EPISODE_FINISH, request.model_copy(update={"summary": summary, "verify": False}),
+                    Finished, inp.limits.persist)
         except ActivityError as err:
             # Not recorded: fail typed and short, with no summary in the details (which would tell the client
             # it had been recorded), so the client records it once the store is back.

@@ -55,6 +55,14 @@ def activity_options(limits: ActivityLimits, queue: str) -> dict[str, Any]:
     }
 
 
+def local_activity_options(limits: ActivityLimits) -> dict[str, Any]:
+    """The same bounds for a local activity (it has no queue and no heartbeat: it runs inside the workflow
+    task, which Temporal keeps alive while it runs)."""
+    opts = activity_options(limits, "")
+    del opts["task_queue"], opts["heartbeat_timeout"]
+    return opts
+
+
 def failure_of(err: ActivityError) -> tuple[str, str]:
     """(failure_type, message) from an activity that failed for good: always a type of the closed set
     (gymflow/kernel/failures.py) and one short line. The activity boundary classifies; this is the net

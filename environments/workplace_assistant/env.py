@@ -84,6 +84,8 @@ def gold_calls(data: WorkplaceTask) -> list[Call]:
 class WorkplaceAssistantEnvironment(Environment[WorkplaceTask]):
     name = "workplace_assistant"
     task_type = WorkplaceTask
+    row_fields = ("category", "environment_name")  # NeMo Gym's rows carry them (routing, environments/base.py)
+    placement = "local"  # in-process and cheap: runs inside the workflow pool
 
     def setup(self, task: Task, data: WorkplaceTask) -> JSON:
         return {"calls": []}

@@ -14,6 +14,7 @@ from gymflow.cli.collect_cmd import collect
 from gymflow.cli.data_cmd import data
 from gymflow.cli.demo_cmd import demo
 from gymflow.cli.env_cmd import env
+from gymflow.cli.export_cmd import export
 from gymflow.cli.report_cmd import report
 from gymflow.cli.resume_cmd import resume
 from gymflow.cli.show_cmd import show
@@ -37,6 +38,7 @@ cli.add_command(data)
 cli.add_command(report)
 cli.add_command(show)
 cli.add_command(resume)
+cli.add_command(export)
 
 
 def main() -> None:

@@ -107,8 +107,9 @@ class PoolsConfig(_Section):
 class RolloutDefaults(_Section):
     max_turns: int = Field(8, ge=1)
     workflow: Literal["classic", "episode"] = Field(
-        "classic", description="classic: RolloutWorkflow, the episode travels in history; episode: "
-        "EpisodeWorkflow, the episode lives in Postgres and history carries ids (docs/design-episode-data.md)")
+        "episode", description="episode (default): EpisodeWorkflow, the episode lives in Postgres and history "
+        "carries ids (docs/architecture.md); classic: RolloutWorkflow, the episode travels in history (kept so "
+        "runs started before the switch finish and replay)")
     turns_per_run: int | None = Field(
         None, ge=1, description="Continue a long episode as a new workflow run after this many turns")
     sampling: SamplingParams = SamplingParams()

@@ -27,6 +27,7 @@ from gymflow.kernel.limits import (
     MAX_TASK_ID_BYTES,
 )
 from gymflow.kernel.responses_format import input_to_messages, sampling_from, tool_to_spec, validation_message
+from gymflow.kernel.routing import route_problem
 from gymflow.kernel.wire import ChatMessage, Task
 
 _NOT_VERIFIER_DATA = {"responses_create_params", "agent_ref", "messages", "tools", "max_turns"}
@@ -373,7 +374,10 @@ def load_jsonl(path: str | Path, *, env: str | None) -> tuple[list[Task], list[D
     tasks: list[Task] = []
     seen: dict[str, int] = {}
     for row, task in iter_tasks(path, env=env, errors=errors):
-        if problem := duplicate(seen, task.id, row.line):
+        problem = duplicate(seen, task.id, row.line)
+        if problem is None and env:  # a row another environment fits better (its own checks run in the rollout)
+            problem = route_problem(env, task, check_target=False)
+        if problem:
             errors.add(DatasetError(str(path), row.line, problem))
         else:
             tasks.append(task)

@@ -8,6 +8,7 @@ task's size or what the model and the tools produced. The episode's data lives i
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import Field
 
@@ -38,6 +39,9 @@ class EpisodeInput(Wire):
     limits: RolloutLimits = RolloutLimits()
     turns_per_run: int | None = None
     episode: EpisodeRef | None = Field(None, description="Set when the workflow continued as new")
+    placement: Literal["local", "pool"] = Field(
+        "pool", description="Where begin, run_tools and finish run: local activities in the workflow pool, or "
+                            "activities on the env pool (environments/base.py `placement`)")
 
     @property
     def rollout_id(self) -> str:
@@ -62,6 +66,7 @@ class TurnRequest(Wire):
     turn: int
     head_id: int
     sampling: SamplingParams = SamplingParams()
+    max_episode_bytes: int | None = None  # RolloutLimits.max_episode_bytes; None in histories from before it
 
 
 class Generated(Wire):
@@ -96,10 +101,10 @@ class Finished(Wire):
     failure_type: str | None = None
 
 
-def episode_input(inp: RolloutInput) -> EpisodeInput:
+def episode_input(inp: RolloutInput, placement: Literal["local", "pool"] = "pool") -> EpisodeInput:
     """The by-reference input for a rollout the client describes with its task (which it stores first). The
     run's sampling settings override the row's, as in the classic workflow."""
     sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
     return EpisodeInput(run_id=inp.run_id, task_id=inp.task.id, env=inp.task.env, sample_index=inp.sample_index,
                         model=inp.model, sampling=sampling, max_turns=inp.max_turns, limits=inp.limits,
-                        turns_per_run=inp.turns_per_run)
+                        turns_per_run=inp.turns_per_run, placement=placement)

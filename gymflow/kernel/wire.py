@@ -108,6 +108,9 @@ class RolloutLimits(Wire):
     # Temporal rejects payloads over 2 MB, and a workflow task that schedules one is retried until the
     # execution times out: end the episode with a typed failure well before that.
     max_transcript_bytes: int = 1_500_000
+    # The by-reference workflow keeps the episode in Postgres, far from Temporal's limit; this bounds what one
+    # episode may store (and send to the model each turn). Measured as message contents plus tool calls.
+    max_episode_bytes: int = Field(64 << 20, ge=1)
 
 
 class Usage(Wire):

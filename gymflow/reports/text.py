@@ -219,7 +219,8 @@ def render_rollout(console: Console, r: dict[str, Any], linker: Linker, *, full:
         failure.append(r["failure_message"] or "(no message)")
         console.print(Padding(failure, (0, 0, 0, INDENT)))
     transcript = r["transcript"] or []
-    _heading(console, f"Transcript ({len(transcript)} messages)")
+    live = " so far: the episode is running (the newest messages stored)" if r.get("live") else ""
+    _heading(console, f"Transcript ({len(transcript)} messages{live})")
     for i, m in enumerate(transcript):
         _message(console, i, m if isinstance(m, dict) else {"content": m}, limit)
     _generations(console, r["generations"])

@@ -104,9 +104,68 @@ def _completion(reply: Reply, model: str, token_ids: bool = False) -> dict[str, 
     return out
 
 
+# Tokenizer mode (`ScriptedOpenAI(tokenizer=...)`): token ids like vLLM's `return_token_ids`, derived from the
+# request's messages by a fixed chat rendering (UTF-8 bytes plus special ids), so the same conversation always
+# gives the same ids and turn k+1's prompt starts with turn k's prompt + generation. "drift" re-templates
+# earlier assistant turns (an extra marker token), as a template that rewrites history does.
+TOKENIZER_MODES = ("deterministic", "drift")
+ROLE_IDS = {"system": 256, "user": 257, "assistant": 258, "tool": 259}
+END_ID, CALL_ID, OTHER_ROLE_ID, DRIFT_ID = 260, 261, 262, 263
+
+
+def _utf8(value: Any) -> list[int]:
+    return list(str(value).encode("utf-8", "replace")) if value is not None else []
+
+
+def assistant_token_ids(content: Any, tool_calls: Any) -> list[int]:
+    """The ids of an assistant turn's body followed by its end token: what the policy generated."""
+    ids = _utf8(content)
+    for c in tool_calls or ():
+        fn = c.get("function") if isinstance(c, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
+        ids += [CALL_ID, *_utf8(fn.get("name")), CALL_ID, *_utf8(fn.get("arguments"))]
+    return ids + [END_ID]
+
+
+def prompt_token_ids(messages: list[Any], drift: bool = False) -> list[int]:
+    """The rendered conversation followed by the assistant header (the generation prompt)."""
+    ids: list[int] = []
+    for m in messages:
+        m = m if isinstance(m, dict) else {}
+        role = m.get("role")
+        ids.append(ROLE_IDS.get(role, OTHER_ROLE_ID))
+        if role == "assistant":
+            ids += ([DRIFT_ID] if drift else []) + assistant_token_ids(m.get("content"), m.get("tool_calls"))
+        else:
+            ids += [*_utf8(m.get("content")), END_ID]
+    return ids + [ROLE_IDS["assistant"]]
+
+
+def token_logprob(token_id: int) -> float:
+    """The logprob tokenizer mode reports for a generated token: a function of the id, to check alignment."""
+    return -((token_id % 97) + 1) / 100
+
+
+def _tokenize(completion: dict[str, Any], body: dict[str, Any], mode: str) -> None:
+    choice = completion["choices"][0]
+    gen = assistant_token_ids(choice["message"].get("content"), choice["message"].get("tool_calls"))
+    prompt = prompt_token_ids(body.get("messages") or [], drift=mode == "drift")
+    if body.get("return_token_ids"):
+        choice["token_ids"], completion["prompt_token_ids"] = gen, prompt
+    if body.get("logprobs"):
+        choice["logprobs"] = {"content": [{"token": f"t{t}", "logprob": token_logprob(t), "bytes": None,
+                                           "top_logprobs": []} for t in gen]}
+    completion["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(gen),
+                           "total_tokens": len(prompt) + len(gen)}
+
+
 class ScriptedOpenAI:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, default: Reply | None = None,
-                 latency_s: float = 0.0, responder: Callable[[dict[str, Any]], Reply] | None = None) -> None:
+                 latency_s: float = 0.0, responder: Callable[[dict[str, Any]], Reply] | None = None,
+                 tokenizer: str | None = None) -> None:
+        if tokenizer is not None and tokenizer not in TOKENIZER_MODES:
+            raise ValueError(f"tokenizer must be one of {TOKENIZER_MODES} or None, got {tokenizer!r}")
+        self.tokenizer = tokenizer  # may be switched between requests (tests share one server)
         self.default = default or text("done")
         self.responder = responder  # answers from the request itself once the script is used up
         self.latency_s = latency_s
@@ -185,6 +244,8 @@ class ScriptedOpenAI:
                     self._send(reply.status, {"error": reply.error}, reply.headers)
                 else:
                     completion = _completion(reply, body.get("model", "scripted"), bool(body.get("return_token_ids")))
+                    if outer.tokenizer:
+                        _tokenize(completion, body, outer.tokenizer)
                     self._send(200, completion, reply.headers)
 
         return Handler

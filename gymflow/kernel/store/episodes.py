@@ -133,6 +133,34 @@ async def read_chain(session: AsyncSession, head_id: int) -> list[StoredMessage]
     return [StoredMessage(*row) for row in rows]
 
 
+_CHAIN_AFTER = sa.text("""
+WITH RECURSIVE chain AS (
+    SELECT id, parent_id, position, role, body, state, tokens FROM messages WHERE id = :head AND id <> :known
+  UNION ALL
+    SELECT m.id, m.parent_id, m.position, m.role, m.body, m.state, m.tokens
+    FROM messages m JOIN chain c ON m.id = c.parent_id WHERE m.id <> :known
+)
+SELECT id, parent_id, position, role, body, state, tokens FROM chain ORDER BY position
+""")
+
+
+async def read_chain_after(session: AsyncSession, head_id: int, known: Sequence[StoredMessage]) -> list[StoredMessage]:
+    """`read_chain(head_id)` for a reader that already holds the chain `known`: only the messages appended after
+    `known`'s last are read when it is an ancestor of `head_id` (a turn reads what the last turn added, not the
+    whole episode again); otherwise (another branch: a reset run) the whole chain is read."""
+    if not known:
+        return await read_chain(session, head_id)
+    last = known[-1].id
+    if head_id == last:
+        return list(known)
+    rows = [StoredMessage(*row) for row in (await session.execute(_CHAIN_AFTER, {"head": head_id, "known": last}))]
+    if not rows:
+        raise LookupError(f"message {head_id} does not exist")
+    if rows[0].parent_id == last:
+        return [*known, *rows]
+    return rows if rows[0].parent_id is None else await read_chain(session, head_id)
+
+
 def latest_state(chain: Sequence[StoredMessage]) -> dict[str, Any]:
     """The episode state after the chain: the newest message that recorded one ({} when none did)."""
     for message in reversed(chain):
@@ -156,5 +184,5 @@ async def rewrite_generations(session: AsyncSession, rollout_id: str, chain: lis
             completion_tokens=int(usage.get("completion_tokens") or 0), latency_s=meta.get("latency_s"),
             message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
             generation_token_ids=meta.get("generation_token_ids"),
-            generation_log_probs=meta.get("generation_log_probs")))
+            generation_log_probs=meta.get("generation_log_probs"), policy_version=meta.get("policy_version")))
         turn += 1

@@ -70,7 +70,19 @@ class Generation(Base):
     prompt_token_ids: Mapped[list[Any] | None] = mapped_column(JSONB)
     generation_token_ids: Mapped[list[Any] | None] = mapped_column(JSONB)
     generation_log_probs: Mapped[list[Any] | None] = mapped_column(JSONB)
+    policy_version: Mapped[str | None] = mapped_column(sa.Text, comment="policy that generated the turn (0005)")
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
+
+
+class PolicyVersion(Base):
+    """The policy a trainer declared current for a model; the highest ordinal is current (migration 0006)."""
+
+    __tablename__ = "policy_versions"
+
+    model: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    ordinal: Mapped[int] = mapped_column(primary_key=True, comment="1, 2, ... per model, in the order set")
+    version: Mapped[str] = mapped_column(sa.Text)
+    set_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
 
 
 class TaskRow(Base):

@@ -7,6 +7,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gymflow.kernel.store.episodes import read_chain
+
 VIEWS = ("run_scores", "failure_counts", "latency_percentiles")
 Row = dict[str, Any]
 
@@ -85,7 +87,41 @@ async def rollout_detail(session: AsyncSession, rollout_id: str) -> Row | None:
         return None
     detail = rows[0]
     detail["generations"] = await _rows(session, GENERATIONS, rid=rollout_id)
+    detail["live"] = False
+    if detail["status"] == "running" and (live := await live_episode(session, rollout_id)) is not None:
+        detail["transcript"], detail["generations"] = live
+        detail["live"] = True
     return detail
+
+
+def _token_count(meta: dict[str, Any], key: str) -> int | None:
+    value = meta.get(key)
+    return len(value) if isinstance(value, list) else None
+
+
+async def live_episode(session: AsyncSession, rollout_id: str) -> tuple[list[Any], list[Row]] | None:
+    """For a rollout still running on the by-reference workflow: (transcript, generations) from the newest
+    message stored for it (`rollouts` holds them only once the rollout finishes). None when nothing is stored.
+    The newest message is the workflow's head except while a retried step's write is not yet accepted."""
+    head = await session.scalar(sa.text("SELECT max(id) FROM messages WHERE rollout_id = :rid"), {"rid": rollout_id})
+    if head is None:
+        return None
+    chain = await read_chain(session, head)
+    generations: list[Row] = []
+    for m in chain:
+        if m.role != "assistant" or m.tokens is None:
+            continue
+        meta, usage = m.tokens, m.tokens.get("usage") or {}
+        counts = {name: _token_count(meta, key) for name, key in (
+            ("prompt_token_ids", "prompt_token_ids"), ("generation_token_ids", "generation_token_ids"),
+            ("log_probs", "generation_log_probs"))}
+        generations.append({
+            "turn": len(generations), "attempt": meta.get("attempt", 1), "model": meta.get("model"),
+            "finish_reason": meta.get("finish_reason"), "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0), "latency_s": meta.get("latency_s"),
+            "created_at": None, **{f"{k}_n": v for k, v in counts.items()},
+            **{f"has_{k}": v is not None for k, v in counts.items()}})
+    return [m.body for m in chain], generations
 
 
 async def similar_rollout_ids(session: AsyncSession, rollout_id: str, limit: int = 5) -> list[str]:

@@ -1,0 +1,62 @@
+"""Per-process cache of the episode chains this worker read or wrote last, one per rollout.
+
+An episode is read at every turn (generate sends the whole prefix to the model; run_tools needs the head and
+the state; finish verifies the whole). Keeping the chain a worker last saw makes each read fetch only what was
+appended since (gymflow/kernel/store/episodes.py `read_chain_after`): a 200-turn episode costs O(turns) bytes
+from Postgres instead of O(turns^2). Rows are append-only and ids never reused, so a cached prefix never goes
+stale; a reset run's branch is detected and read whole. Bounded by an estimate of the bytes held.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from gymflow.kernel.store.episodes import StoredMessage
+
+DEFAULT_MB = 128
+
+
+def message_size(body: dict) -> int:
+    """A message's size as the episode limit counts it: its content plus its tool calls (cheap: no JSON)."""
+    content = body.get("content")
+    size = len(content) if isinstance(content, str) else len(repr(content)) if content is not None else 0
+    for call in body.get("tool_calls") or ():
+        size += len(str(call))
+    return size
+
+
+def _size(message: StoredMessage) -> int:
+    return 200 + message_size(message.body)
+
+
+class ChainCache:
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes if max_bytes is not None else \
+            int(float(os.environ.get("GYMFLOW_CHAIN_CACHE_MB", DEFAULT_MB)) * (1 << 20))
+        self._chains: OrderedDict[str, tuple[tuple[StoredMessage, ...], int]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, rollout_id: str) -> tuple[StoredMessage, ...]:
+        entry = self._chains.get(rollout_id)
+        if entry is None:
+            return ()
+        self._chains.move_to_end(rollout_id)
+        return entry[0]
+
+    def put(self, rollout_id: str, chain: Sequence[StoredMessage]) -> None:
+        self.drop(rollout_id)
+        size = sum(_size(m) for m in chain)
+        if size > self.max_bytes:
+            return
+        self._chains[rollout_id] = (tuple(chain), size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, dropped) = self._chains.popitem(last=False)
+            self._bytes -= dropped
+
+    def drop(self, rollout_id: str) -> None:
+        entry = self._chains.pop(rollout_id, None)
+        if entry is not None:
+            self._bytes -= entry[1]

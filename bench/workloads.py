@@ -1,0 +1,158 @@
+"""The benchmark workloads (tasks) and one measured collection of them.
+
+single_tool: NeMo Gym's example_single_tool_call rows (get_weather: generate, tool, generate, verify);
+single_turn: reasoning_gym basic_arithmetic (one generation, a trivial verify);
+math: NeMo Gym's math_with_judge rows with no judge (one generation, math-verify).
+Rows are repeated with distinct task ids up to N.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.stack import MOCK_PROCESSES, BenchStack
+from environments.reasoning_gym_env import make_tasks
+from gymflow.client import GymflowClient
+from gymflow.kernel.datasets import load_jsonl
+from gymflow.kernel.wire import Task
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "nemo_gym"
+WORKLOADS = ("single_tool", "single_turn", "math")
+HISTORY_SAMPLE = 20
+TRANSITIONS_SAMPLE = 200
+
+
+def _nemo_rows(folder: str, env: str) -> list[Task]:
+    path = SHARED / folder / "example.jsonl"
+    tasks, errors = load_jsonl(path, env=env)
+    if errors or not tasks:
+        raise SystemExit(f"{path}: cannot load the benchmark rows ({len(errors)} bad lines, first: "
+                         f"{errors[0] if errors else 'no rows'})")
+    return tasks
+
+
+def base_tasks(workload: str) -> list[Task]:
+    if workload == "single_tool":
+        return _nemo_rows("example_single_tool_call", "single_tool")
+    if workload == "math":
+        return _nemo_rows("math_with_judge", "math_with_judge")
+    if workload == "single_turn":
+        return make_tasks("basic_arithmetic", 50, seed=1)
+    raise SystemExit(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+
+
+def tasks_for(workload: str, n: int, tag: str) -> list[Task]:
+    """`n` tasks cycling over the workload's rows, each with its own id."""
+    base = base_tasks(workload)
+    return [base[i % len(base)].model_copy(update={"id": f"{tag}-{i}"}) for i in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+@dataclass
+class Window:
+    """Rollouts completed between two readings (the scaling run's samples)."""
+
+    done: int
+    seconds: float
+    cpu_s: float  # every process but the mocks
+    latencies: list[float]
+    rss: dict[str, int]
+
+    def row(self) -> dict[str, Any]:
+        n = len(self.latencies)
+        return {"done": self.done, "rollouts_per_s": n / self.seconds if self.seconds else None,
+                "cpu_ms_per_rollout": 1000 * self.cpu_s / n if n else None,
+                "p95_latency_s": percentile(self.latencies, 95), "rss_mib": {k: v / 2**20 for k, v in self.rss.items()}}
+
+
+@dataclass
+class Collected:
+    run_id: str
+    n: int
+    wall_s: float
+    statuses: dict[str, int]
+    mean_reward: float | None
+    latencies: list[float]
+    cpu_s: dict[str, float]
+    windows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.n / self.wall_s if self.wall_s else 0.0
+
+
+async def collect(bench: BenchStack, client: GymflowClient, tasks: list[Task], *, run_id: str, model: str,
+                  in_flight: int, window: int = 0, on_done: Callable[[int], None] | None = None) -> Collected:
+    """Collect every task once; CPU per process over the whole collection; a `Window` every `window` results."""
+    statuses: dict[str, int] = {}
+    rewards: list[float] = []
+    latencies: list[float] = []
+    windows: list[dict[str, Any]] = []
+    before = bench.cpu()
+    t0 = time.monotonic()
+    mark_t, mark_cpu, mark_i = t0, before, 0
+    async for r in client.collect(run_id, tasks, n=1, model=model, max_in_flight=in_flight):
+        s = r.summary
+        statuses[s.status] = statuses.get(s.status, 0) + 1
+        latencies.append(s.latency_s)
+        if s.reward is not None and not s.masked:
+            rewards.append(s.reward)
+        done = len(latencies)
+        if window and (done % window == 0 or done == len(tasks)):
+            now, cpu = time.monotonic(), bench.cpu()
+            spent = sum(cpu[k] - mark_cpu[k] for k in cpu if k not in MOCK_PROCESSES)
+            windows.append(Window(done, now - mark_t, spent, latencies[mark_i:], bench.sampler.sample()).row())
+            mark_t, mark_cpu, mark_i = now, cpu, done
+        if on_done is not None:
+            on_done(done)
+    wall = time.monotonic() - t0
+    after = bench.cpu()
+    return Collected(run_id, len(tasks), wall, statuses, statistics.fmean(rewards) if rewards else None, latencies,
+                     {k: after[k] - before[k] for k in after}, windows)
+
+
+async def transitions_per_rollout(client: GymflowClient, run_id: str, limit: int = TRANSITIONS_SAMPLE
+                                  ) -> float | None:
+    counts: list[int] = []
+    async for w in client.temporal.list_workflows(f"GymflowRun = '{run_id}'", limit=limit):
+        counts.append(w.raw_info.state_transition_count)
+    return statistics.fmean(counts) if counts else None
+
+
+async def history_bytes_per_rollout(client: GymflowClient, run_id: str, limit: int = HISTORY_SAMPLE
+                                    ) -> float | None:
+    """Mean size of a rollout's whole workflow history as JSON (`fetch_history().to_json()`), over a sample."""
+    sizes: list[int] = []
+    async for w in client.temporal.list_workflows(f"GymflowRun = '{run_id}'", limit=limit):
+        history = await client.temporal.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
+        sizes.append(len(history.to_json().encode()))
+    return statistics.fmean(sizes) if sizes else None
+
+
+def summarise(c: Collected) -> dict[str, Any]:
+    counted = {k: v for k, v in c.cpu_s.items() if k not in MOCK_PROCESSES}
+    return {
+        "run_id": c.run_id, "n": c.n, "wall_s": c.wall_s, "rollouts_per_s": c.rate, "statuses": c.statuses,
+        "mean_reward": c.mean_reward,
+        "p50_latency_s": percentile(c.latencies, 50), "p95_latency_s": percentile(c.latencies, 95),
+        "cpu_s_per_1000": {k: 1000 * v / c.n for k, v in c.cpu_s.items()},
+        "cpu_s_per_1000_total": 1000 * sum(counted.values()) / c.n,
+        **({"windows": c.windows} if c.windows else {}),
+    }
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,268 @@
+"""The OpenAI-compatible HTTP server in front of `Engine`.
+
+http.server threads parse and validate requests; one worker thread runs the model, so requests are served one
+at a time in arrival order and a weight swap lands between two requests, never inside one. (Batching would not
+pay on 2 CPU cores for a 135M model: see docs/local-model.md.) No request content is ever logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from gymflow.localmodel.engine import Engine, Generation, check_weights_dir, finite, load_model
+from gymflow.localmodel.request import BadRequest, ChatRequest, parse_request
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 16 << 20
+MAX_VERSION_CHARS = 200
+
+
+class _Worker:
+    """One thread that runs every model call and every weight swap, in arrival order. Chat requests waiting
+    together run as one batch (up to `max_batch`); a swap is never inside a batch. Callers wait with a timeout."""
+
+    def __init__(self, queue_size: int, max_batch: int, run_batch: Callable[[list[Any]], list[Any]]) -> None:
+        self._jobs: deque[tuple[str, Any, Future]] = deque()
+        self._cond = threading.Condition()
+        self._queue_size, self._max_batch, self._run_batch = queue_size, max_batch, run_batch
+        self._stopping = False
+        self.largest_batch = 0  # for tests and benchmarks
+        self._thread = threading.Thread(target=self._run, name="localmodel-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def _take(self) -> list[tuple[str, Any, Future]] | None:
+        with self._cond:
+            while not self._jobs and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            taken = [self._jobs.popleft()]
+            while taken[0][0] == "chat" and self._jobs and self._jobs[0][0] == "chat" and len(taken) < self._max_batch:
+                taken.append(self._jobs.popleft())
+        return [job for job in taken if job[2].set_running_or_notify_cancel()]  # drop those whose caller left
+
+    def _run(self) -> None:
+        while (jobs := self._take()) is not None:
+            if not jobs:
+                continue
+            self.largest_batch = max(self.largest_batch, len(jobs))
+            try:
+                if jobs[0][0] == "call":
+                    results = [jobs[0][1]()]
+                else:
+                    results = self._run_batch([payload for _, payload, _ in jobs])
+            except BaseException as e:  # noqa: BLE001 - handed to every waiting request
+                results = [e] * len(jobs)
+            for (_, _, fut), result in zip(jobs, results, strict=True):
+                fut.set_exception(result) if isinstance(result, BaseException) else fut.set_result(result)
+
+    def _submit(self, kind: str, payload: Any, timeout_s: float) -> Any:
+        fut: Future = Future()
+        with self._cond:
+            if len(self._jobs) >= self._queue_size:
+                raise BadRequest("the local model's queue is full; retry later", status=503)
+            self._jobs.append((kind, payload, fut))
+            self._cond.notify()
+        try:
+            return fut.result(timeout=timeout_s)
+        except FutureTimeout:
+            fut.cancel()
+            raise BadRequest(f"the local model did not answer within {timeout_s:.0f}s", status=503) from None
+
+    def call(self, fn: Callable[[], Any], timeout_s: float) -> Any:
+        return self._submit("call", fn, timeout_s)
+
+    def chat(self, req: ChatRequest, timeout_s: float) -> Any:
+        return self._submit("chat", req, timeout_s)
+
+
+def _logprobs(engine: Engine, gen: Generation) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        token = engine.tokenizer.decode([token_id])
+        return {"token": token, "logprob": finite(logprob), "bytes": list(token.encode("utf-8", "replace"))}
+
+    content = []
+    for i, (tid, lp) in enumerate(zip(gen.token_ids, gen.logprobs, strict=True)):
+        tops = gen.top_logprobs[i] if gen.top_logprobs else []
+        content.append({**entry(tid, lp), "top_logprobs": [entry(t, v) for t, v in tops]})
+    return {"content": content}
+
+
+def completion_body(engine_name: str, version: str, req: ChatRequest, gen: Generation,
+                    engine: Engine) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": None if gen.tool_calls else gen.text}
+    if gen.tool_calls:
+        message["tool_calls"] = gen.tool_calls
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": gen.finish_reason,
+                              "logprobs": _logprobs(engine, gen) if req.logprobs else None}
+    n_prompt, n_gen = len(gen.prompt_token_ids), len(gen.token_ids)
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
+        "model": engine_name, "policy_version": version, "choices": [choice],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}}
+    if req.return_token_ids:  # vLLM's field names and places
+        choice["token_ids"] = gen.token_ids
+        body["prompt_token_ids"] = gen.prompt_token_ids
+    return body
+
+
+class LocalModelServer:
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, queue_size: int = 256,
+                 request_timeout_s: float = 600.0, max_batch: int = 8) -> None:
+        self.engine = engine
+        self.request_timeout_s = request_timeout_s
+        self._worker = _Worker(queue_size, max_batch, self._run_batch)
+        self._load_lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="localmodel-http", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> LocalModelServer:
+        self._worker.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._worker.stop()
+
+    def __enter__(self) -> LocalModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def serve_forever(self) -> None:
+        self._worker.start()
+        try:
+            self._server.serve_forever()
+        finally:
+            self._worker.stop()
+
+    # --- endpoints -------------------------------------------------------------------------------------------
+
+    def models(self) -> dict[str, Any]:
+        e = self.engine
+        return {"object": "list", "data": [{"id": e.name, "object": "model", "owned_by": "gymflow",
+                                            "policy_version": e.version, "max_model_len": e.context}]}
+
+    def chat(self, body: Any) -> dict[str, Any]:
+        req = parse_request(body)
+        if req.model is not None and req.model != self.engine.name:
+            raise BadRequest(f"The model `{req.model[:100]}` does not exist; this server serves "
+                             f"`{self.engine.name}`", status=404, code="model_not_found")
+
+        return self._worker.chat(req, self.request_timeout_s)
+
+    def _run_batch(self, reqs: list[ChatRequest]) -> list[dict[str, Any] | BadRequest]:
+        """On the worker thread: the version read here is the one that produced these completions."""
+        e = self.engine
+        return [g if isinstance(g, BadRequest) else completion_body(e.name, e.version, req, g, e)
+                for req, g in zip(reqs, e.generate_batch(reqs), strict=True)]
+
+    def load_weights(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        path, version = body.get("path"), body.get("version")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("`path` must be a directory path (a model.save_pretrained directory)")
+        if not isinstance(version, str) or not version.strip() or len(version) > MAX_VERSION_CHARS:
+            raise BadRequest(f"`version` must be a non-empty string of at most {MAX_VERSION_CHARS} characters")
+        directory = check_weights_dir(path)
+        with self._load_lock:  # one load at a time; generation goes on while the new weights load
+            started = time.monotonic()
+            try:
+                model = load_model(directory)
+            except (OSError, ValueError, RuntimeError) as e:
+                raise BadRequest(f"could not load weights from {path!r}: {str(e)[:300]}") from None
+            if model.config.vocab_size != self.engine.model.config.vocab_size:
+                raise BadRequest(f"weights in {path!r} have vocab size {model.config.vocab_size}, the served "
+                                 f"tokenizer needs {self.engine.model.config.vocab_size}")
+            self._worker.call(lambda: self.engine.swap(model, version), self.request_timeout_s)
+        log.info("loaded weights version %s in %.1fs", version, time.monotonic() - started)
+        return {"policy_version": version, "load_s": round(time.monotonic() - started, 3)}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        return type("Handler", (_Handler,), {"outer": self})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    outer: LocalModelServer
+
+    def log_message(self, *args: Any) -> None:  # request lines only at debug: never bodies
+        log.debug("%s %s", self.command, self.path)
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _error(self, status: int, message: str, code: str | None = None) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        self._send(status, {"error": {"message": message, "type": kind, "code": code}})
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path in ("/v1/models", "/models"):
+            self._send(200, self.outer.models())
+        elif self.path == "/health":
+            self._send(200, {"status": "ok", "policy_version": self.outer.engine.version})
+        else:
+            self._error(404, f"no such endpoint: GET {self.path[:100]}")
+
+    def _body(self) -> Any:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("Content-Length must be an integer") from None
+        if length < 0:
+            raise BadRequest("Content-Length must not be negative")
+        if length > MAX_BODY_BYTES:
+            raise BadRequest(f"the request body is over {MAX_BODY_BYTES} bytes", status=413)
+        try:
+            return json.loads(self.rfile.read(length) or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(f"the request body is not valid JSON: {str(e)[:120]}") from None
+
+    def do_POST(self) -> None:  # noqa: N802
+        routes = {"/v1/chat/completions": self.outer.chat, "/v1/load_weights": self.outer.load_weights}
+        route = routes.get(self.path)
+        if route is None:
+            self._error(404, f"no such endpoint: POST {self.path[:100]}")
+            return
+        try:
+            self._send(200, route(self._body()))
+        except BadRequest as e:
+            self._error(e.status, str(e), e.code)
+        except Exception as e:  # noqa: BLE001 - a bug or a broken model: a 500 the client may retry
+            log.exception("local model request failed")
+            self._error(500, f"local model error: {type(e).__name__}: {str(e)[:200]}")

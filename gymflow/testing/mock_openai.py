@@ -1,0 +1,295 @@
+"""The benchmark mock: a deterministic OpenAI-compatible Chat Completions server that needs no script.
+
+Each reply is a function of the request alone: when tools are offered and the conversation has no tool
+message yet, one call to the first offered tool with arguments built from its JSON schema; otherwise a text
+answer, with a `\\boxed{}` number taken from the prompt for math-like prompts. Replies wait `latency_s` first.
+
+Every request is recorded (arrival and reply-sent times, monotonic and wall clock, a conversation key and the
+turn) and served at `GET /stats` (`GET /stats?reset=1` clears them), so a benchmark can measure the
+orchestration overhead between one reply and the next request of the same rollout.
+
+    python -m gymflow.testing.mock_openai --port 8000 --latency 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+# The completion body shape is the scripted server's: one place decides what a completion looks like.
+from gymflow.testing.scripted_openai import Reply, _completion, text, tool_call
+
+ROLLOUT_HEADER = "x-gymflow-rollout"  # a per-rollout id, when the caller sends one (better than a prompt hash)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_RECORDS = 500_000  # oldest dropped past this: a 20k-rollout scaling run makes ~40k
+_SCHEMA_DEPTH = 8
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_MATH_HINTS = ("\\boxed", "math", "solve", "compute", "calculate", "answer")
+
+
+# ---- replies -------------------------------------------------------------------------------------
+
+
+def _string_for(key: str, schema: dict[str, Any]) -> str:
+    lowered = key.lower()
+    if any(w in lowered for w in ("city", "location", "place", "town")):
+        return "SF"
+    if "date" in lowered:
+        return "2024-01-01"
+    if "email" in lowered:
+        return "user@example.com"
+    return f"{key or 'value'}-1"
+
+
+def value_from_schema(schema: Any, key: str = "", depth: int = 0) -> Any:
+    """A deterministic value that fits `schema` (the usual JSON Schema keywords; anything odd gives None)."""
+    if not isinstance(schema, dict) or depth > _SCHEMA_DEPTH:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    if "default" in schema:
+        return schema["default"]
+    for combo in ("anyOf", "oneOf", "allOf"):
+        options = schema.get(combo)
+        if isinstance(options, list) and options:
+            non_null = [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
+            return value_from_schema((non_null or options)[0], key, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or (kind is None and "properties" in schema):
+        return args_from_schema(schema, depth + 1)
+    if kind == "array":
+        count = schema.get("minItems", 0)
+        count = count if isinstance(count, int) and 0 <= count <= 8 else 0
+        return [value_from_schema(schema.get("items"), key, depth + 1) for _ in range(count)]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum"))
+        start = low if isinstance(low, (int, float)) and not isinstance(low, bool) else 0
+        return int(start) + 1 if kind == "integer" else float(start) + 1.0
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return _string_for(key, schema)
+
+
+def args_from_schema(schema: Any, depth: int = 0) -> dict[str, Any]:
+    """Arguments for a tool: every required property (all of them when none is marked required)."""
+    if not isinstance(schema, dict):
+        return {}
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return {}
+    required = schema.get("required")
+    names = [k for k in required if k in props] if isinstance(required, list) else list(props)
+    return {k: value_from_schema(props[k], k, depth) for k in names}
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = body.get("messages")
+    return [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
+
+
+def _first_tool(body: dict[str, Any]) -> tuple[str, Any] | None:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return None
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return fn["name"], fn.get("parameters")
+    return None
+
+
+def _content(message: dict[str, Any]) -> str:
+    value = message.get("content")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts
+        return " ".join(p.get("text", "") for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def first_user_text(body: dict[str, Any]) -> str:
+    return next((_content(m) for m in _messages(body) if m.get("role") == "user"), "")
+
+
+def respond(body: dict[str, Any]) -> Reply:
+    """The mock policy: a pure function of the request."""
+    messages = _messages(body)
+    tool = _first_tool(body)
+    if tool is not None and not any(m.get("role") == "tool" for m in messages):
+        name, params = tool
+        return tool_call(name, args_from_schema(params))
+    last_tool = next((m for m in reversed(messages) if m.get("role") == "tool"), None)
+    if last_tool is not None:
+        return text(f"Here is what I found: {_content(last_tool)[:2000]}")
+    prompt = next((_content(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    if any(h in prompt.lower() for h in _MATH_HINTS) or _NUMBER.search(prompt):
+        numbers = _NUMBER.findall(prompt)
+        digest = int(hashlib.sha256(prompt.encode("utf-8", "replace")).hexdigest(), 16)
+        answer = numbers[digest % len(numbers)] if numbers else str(digest % 100)
+        return text(f"<answer>{answer}</answer> The answer is \\boxed{{{answer}}}.")
+    return text("Done.")
+
+
+# ---- request records -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str  # the rollout header, else a hash of the first user message (equal for every sample of a task)
+    turn: int  # assistant messages already in the conversation: 0 for a rollout's first request
+    arrived: float  # time.monotonic()
+    sent: float
+    arrived_wall: float  # time.time(), to compare with timestamps other processes wrote (rollouts.finished_at)
+    sent_wall: float
+    tool_call: bool
+
+
+def conversation_key(headers: dict[str, str], body: dict[str, Any]) -> str:
+    rollout = next((v for k, v in headers.items() if k.lower() == ROLLOUT_HEADER), None)
+    if rollout:
+        return rollout[:300]
+    return hashlib.sha256(first_user_text(body).encode("utf-8", "replace")).hexdigest()[:16]
+
+
+class MockOpenAI:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0) -> None:
+        if latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        self.latency_s = latency_s
+        self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
+        self._lock = threading.Lock()
+        self._server = _Server((host, port), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def stats(self, reset: bool = False) -> dict[str, Any]:
+        with self._lock:
+            out = {"latency_s": self.latency_s, "requests": [asdict(r) for r in self.records]}
+            if reset:
+                self.records.clear()
+        return out
+
+    def _record(self, record: Record) -> None:
+        with self._lock:
+            self.records.append(record)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: the workers' client reuses connections
+            # Headers and body go out in two writes: with Nagle on, the body waits for the client's delayed ACK
+            # of the headers (~200 ms on a kept-alive connection), which would be measured as orchestration time.
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _send(self, status: int, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                if status != 200:  # the body may be unread: the connection cannot carry another request
+                    self.close_connection = True
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                url = urlparse(self.path)
+                if url.path == "/stats":
+                    reset = parse_qs(url.query).get("reset", ["0"])[0] not in ("0", "")
+                    self._send(200, outer.stats(reset))
+                else:
+                    self._send(200, {"object": "list", "data": [{"id": "mock", "object": "model"}]})
+
+            def do_POST(self) -> None:  # noqa: N802
+                arrived, arrived_wall = time.monotonic(), time.time()
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_BODY_BYTES:
+                    self._send(400, {"error": {"message": "Content-Length missing or too large",
+                                               "type": "invalid_request_error", "code": None}})
+                    return
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except (ValueError, UnicodeDecodeError):
+                    body = None
+                if not isinstance(body, dict):
+                    self._send(400, {"error": {"message": "the body is not a JSON object",
+                                               "type": "invalid_request_error", "code": None}})
+                    return
+                reply = respond(body)
+                if outer.latency_s:
+                    time.sleep(outer.latency_s)
+                model = body.get("model") if isinstance(body.get("model"), str) else "mock"
+                self._send(200, _completion(reply, model))
+                turn = sum(1 for m in _messages(body) if m.get("role") == "assistant")
+                outer._record(Record(conversation_key(dict(self.headers.items()), body), turn, arrived,
+                                     time.monotonic(), arrived_wall, time.time(), bool(reply.tool_calls)))
+
+        return Handler
+
+    def start(self) -> MockOpenAI:
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> MockOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 2048  # 1,000 rollouts connect at once at the top of the latency curve; 5 drops SYNs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Serve deterministic mock Chat Completions (see module docstring).")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds before each reply")
+    args = ap.parse_args()
+    server = MockOpenAI(args.host, args.port, args.latency)
+    print(server.base_url, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Groups: the `n` samples of one task, judged as a whole once the last member has ended.
+
+A trainer computing group-relative advantages must never take a partial group for a whole one, so every group
+carries an explicit verdict:
+
+- `complete`: every member completed with a reward (not masked).
+- `partial`: some members failed or were masked; they are listed in `failed` and the trainer decides.
+- `dropped`: incomplete and the policy said drop (or retries did not mend it); not for training.
+- `stale`: its oldest turn is more versions behind the current policy than allowed; not for training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gymflow.kernel.wire import RolloutSummary, Task
+
+Verdict = Literal["complete", "partial", "dropped", "stale"]
+Incomplete = Literal["wait", "drop", "partial"]
+INCOMPLETE_POLICIES: tuple[Incomplete, ...] = ("wait", "drop", "partial")
+TRAINABLE: frozenset[Verdict] = frozenset({"complete", "partial"})
+
+
+def usable(member: RolloutSummary) -> bool:
+    """A member a trainer can use: completed, scored, not masked."""
+    return member.status == "completed" and not member.masked and member.reward is not None
+
+
+@dataclass(frozen=True)
+class Group:
+    run_id: str
+    task: Task
+    epoch: int
+    index: int  # position of the task in its epoch's (shuffled) order
+    members: tuple[RolloutSummary, ...]  # by sample index
+    verdict: Verdict
+    failed: tuple[int, ...] = ()  # sample indices of the members that are not usable
+    staleness: int | None = None  # current ordinal - the oldest turn's ordinal; None when not measured
+    restarts: int = 0  # stale members started again (stale="cancel_and_restart")
+    retries: int = 0  # rounds of re-running failed members (incomplete="wait")
+    reason: str | None = None  # why dropped or stale, in words
+
+    @property
+    def group_id(self) -> str:
+        """`RUN/TASK/eEPOCH`: one task's samples in one epoch."""
+        return f"{self.run_id}/{self.task.id}/e{self.epoch}"
+
+    @property
+    def trainable(self) -> bool:
+        return self.verdict in TRAINABLE
+
+    @property
+    def rewards(self) -> list[float | None]:
+        """Per member; None where the member is not usable (failed or masked)."""
+        return [m.reward if usable(m) else None for m in self.members]
+
+
+def failed_members(members: tuple[RolloutSummary, ...]) -> tuple[int, ...]:
+    return tuple(m.sample_index for m in members if not usable(m))
+
+
+def incomplete_verdict(members: tuple[RolloutSummary, ...], incomplete: Incomplete) -> tuple[Verdict, str | None]:
+    """The verdict of a finished group before staleness: complete, else what `incomplete` says. `wait` reaches
+    here only after its retries, so what is still missing then is dropped."""
+    failed = failed_members(members)
+    if not failed:
+        return "complete", None
+    if incomplete == "partial":
+        return "partial", None
+    why = ", ".join(sorted({(m.failure_type or ("masked" if m.masked else m.status)) for m in members
+                            if not usable(m)}))
+    after = " after retries" if incomplete == "wait" else ""
+    return "dropped", f"{len(failed)} of {len(members)} members not usable{after} ({why})"

@@ -1,0 +1,107 @@
+"""The benchmark mock server (gymflow/testing/mock_openai.py): schema-driven tool calls, determinism, latency,
+per-request stats."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from gymflow.testing.mock_openai import MockOpenAI, args_from_schema, respond
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+BOOK = {"type": "function", "function": {"name": "book", "parameters": {
+    "type": "object", "required": ["nights", "when", "kind", "guests", "opts"],
+    "properties": {"nights": {"type": "integer", "minimum": 2}, "when": {"type": "string", "format": "date"},
+                   "kind": {"type": "string", "enum": ["suite", "room"]}, "guests": {"type": "array",
+                   "minItems": 1, "items": {"type": "object", "properties": {"name": {"type": "string"}},
+                                            "required": ["name"]}},
+                   "opts": {"anyOf": [{"type": "null"}, {"type": "boolean"}]}, "note": {"type": "string"}}}}}
+
+
+def chat(url: str, body: dict, headers: dict | None = None) -> dict:
+    r = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_tool_arguments_follow_the_offered_schema():
+    args = args_from_schema(BOOK["function"]["parameters"])
+    assert set(args) == {"nights", "when", "kind", "guests", "opts"}  # required only: no `note`
+    assert isinstance(args["nights"], int) and args["nights"] >= 2
+    assert args["kind"] in ("suite", "room")
+    assert isinstance(args["when"], str) and args["when"]
+    assert isinstance(args["guests"], list) and len(args["guests"]) == 1 and isinstance(args["guests"][0]["name"], str)
+    assert args["opts"] is True
+    assert args_from_schema(WEATHER["function"]["parameters"]) == {"city": "SF"}
+
+
+@pytest.mark.parametrize("schema", [None, 3, "x", [], {"properties": []}, {"type": "object", "properties": {
+    "a": {"type": ["null", "integer"]}, "b": {"oneOf": "junk"}, "c": {"$ref": "#/x"}}}])
+def test_odd_schemas_give_json_arguments(schema):
+    json.dumps(args_from_schema(schema))  # never raises, always serialisable
+
+
+def test_tool_call_first_then_text_and_math_is_boxed():
+    first = {"messages": [{"role": "user", "content": "weather in sf?"}], "tools": [BOOK, WEATHER]}
+    reply = respond(first)
+    assert reply.tool_calls and reply.tool_calls[0][0] == "book"  # the first offered tool
+    assert json.loads(reply.tool_calls[0][1]) == args_from_schema(BOOK["function"]["parameters"])
+    after = {**first, "messages": [*first["messages"], {"role": "assistant", "tool_calls": []},
+                                   {"role": "tool", "content": "cold", "tool_call_id": "c"}]}
+    assert not respond(after).tool_calls and "cold" in (respond(after).content or "")
+    math = respond({"messages": [{"role": "user", "content": "Solve: what is 17 + 25? Put it in \\boxed{}."}]})
+    assert "\\boxed{" in (math.content or "") and not math.tool_calls
+    assert respond({"messages": "junk", "tools": {"x": 1}}).content  # hostile shapes still get an answer
+
+
+def test_server_is_deterministic_and_records_stats():
+    body = {"model": "m", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER]}
+    with MockOpenAI() as mock:
+        a, b = chat(mock.base_url, body), chat(mock.base_url, body)
+        call_a, call_b = a["choices"][0]["message"]["tool_calls"][0], b["choices"][0]["message"]["tool_calls"][0]
+        assert call_a["function"] == call_b["function"] == {"name": "get_weather", "arguments": '{"city": "SF"}'}
+        chat(mock.base_url, body, headers={"X-Gymflow-Rollout": "run/t/0"})
+        bad = httpx.post(f"{mock.base_url}/chat/completions", content=b"\x00not json", timeout=10)
+        assert bad.status_code == 400
+        stats = httpx.get(f"http://{mock.base_url.split('/')[2]}/stats", params={"reset": 1}, timeout=10).json()
+        after = httpx.get(f"http://{mock.base_url.split('/')[2]}/stats", timeout=10).json()
+    reqs = stats["requests"]
+    assert len(reqs) == 3 and after["requests"] == []
+    assert reqs[0]["key"] == reqs[1]["key"] != reqs[2]["key"] == "run/t/0"
+    assert all(r["turn"] == 0 and r["tool_call"] and r["sent"] >= r["arrived"] for r in reqs)
+
+
+def test_latency_is_applied_and_measured():
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    with MockOpenAI(latency_s=0.3) as mock:
+        t0 = time.monotonic()
+        chat(mock.base_url, body)
+        took = time.monotonic() - t0
+        (rec,) = mock.stats()["requests"]
+    assert took >= 0.3 and rec["sent"] - rec["arrived"] >= 0.3
+    with pytest.raises(ValueError, match="latency_s"):
+        MockOpenAI(latency_s=-1)
+
+
+def test_bench_splits_conversations_and_caps_curve_n():
+    from bench.runs import conversations, curve_n
+
+    recs = [{"arrived": t, "turn": turn} for t, turn in ((3, 0), (1, 0), (2, 1), (4, 1), (5, 0))]
+    assert [[r["arrived"] for r in c] for c in conversations(recs)] == [[1, 2], [3, 4], [5]]
+    assert curve_n(100, None, 30) == (300, False)
+    assert curve_n(100, 5.0, 30) == (150, True)  # 300 at 5/s would take 60 s
+    assert curve_n(1000, 5.0, 30) == (1000, True)  # never fewer than the in-flight count
+
+
+def test_bench_report_and_compare_read_results():
+    from bench.report import compare, render
+
+    before = {"meta": {"date": "a"}, "workloads": {"single_tool": {"rollouts_per_s": 10.0}}}
+    after = {"meta": {"date": "b"}, "workloads": {"single_tool": {"rollouts_per_s": 50.0}}}
+    assert "| single tool rollouts/s | >= 45 | 50.0 | met |" in render(after)
+    assert "| single tool rollouts/s | >= 45 | 10.0 | **missed** |" in render(before)
+    assert "| `workloads.single_tool.rollouts_per_s` | 10 | 50 | +400% |" in compare(before, after)

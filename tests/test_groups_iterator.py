@@ -1,0 +1,236 @@
+"""Groups and the trainer iterator (gymflow/training/iterator.py): unit tests, then the real stack."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from gymflow.kernel.wire import RolloutSummary
+from gymflow.testing.scripted_openai import Reply, context_length_error, text, tool_call
+from gymflow.training.groups import failed_members, incomplete_verdict
+from gymflow.training.iterator import Position, RolloutIterator
+from gymflow.training.policy import declare_policy_version
+from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - the fixture
+
+# ---- units -----------------------------------------------------------------------------------------------
+
+
+def _summary(i: int, status: str = "completed", reward: float | None = 1.0, masked: bool = False,
+             failure_type: str | None = None) -> RolloutSummary:
+    return RolloutSummary(rollout_id=f"r/t/{i}", run_id="r", task_id="t", sample_index=i, status=status,
+                          reward=reward, masked=masked, failure_type=failure_type)
+
+
+def test_verdicts_never_pass_a_partial_group_as_complete():
+    whole = (_summary(0), _summary(1, reward=0.0))
+    broken = (_summary(0), _summary(1, "failed", None, failure_type="context_length_exceeded"),
+              _summary(2, masked=True, reward=None))
+    assert incomplete_verdict(whole, "drop") == ("complete", None)
+    assert failed_members(broken) == (1, 2)
+    assert incomplete_verdict(broken, "partial") == ("partial", None)
+    verdict, why = incomplete_verdict(broken, "drop")
+    assert verdict == "dropped" and "2 of 3" in why and "context_length_exceeded" in why and "masked" in why
+    assert incomplete_verdict(broken, "wait")[0] == "dropped"  # what retries did not mend
+
+
+def test_position_round_trip_and_bad_input():
+    pos = Position(2, 3, ((2, 5), (3, 0)))
+    assert Position.from_json(pos.to_json()) == pos
+    for bad, field in (("[]", "object"), ('{"epoch": -1, "index": 0}', "epoch"), ('{"epoch": 0, "index": "x"}',
+                       "index"), ('{"epoch": 0, "index": 0, "ahead": [[1]]}', "ahead"), ("{", "not JSON")):
+        with pytest.raises(ValueError, match=field):
+            Position.from_json(bad)
+
+
+class _FakeClient:
+    settings = None
+
+
+def _it(tasks: list, **kw: Any) -> RolloutIterator:
+    return RolloutIterator(_FakeClient(), "run", tasks, 2, "policy", **kw)  # type: ignore[arg-type]
+
+
+def test_shuffle_is_seeded_per_epoch_and_cursor_skips_what_was_handed_over():
+    tasks = [faulty_task(f"t{i}") for i in range(8)]
+    a, b = _it(tasks, seed=5), _it(tasks, seed=5)
+    assert a._order(0) == b._order(0) and sorted(a._order(0)) == list(range(8))
+    assert a._order(0) != a._order(1) or a._order(1) != a._order(2)  # epochs are reshuffled
+    assert _it(tasks, shuffle=False)._order(3) == list(range(8))
+    a._advance(0, 1)  # out of order: the cursor stays, (0, 1) is remembered
+    assert a.position == Position(0, 0, ((0, 1),))
+    for i in (0, 2, 3, 4, 5, 6, 7):
+        a._advance(0, i)
+    assert a.position == Position(1, 0, ())
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="duplicate task id 't0'"):
+        _it([faulty_task("t0"), faulty_task("t0")])
+    with pytest.raises(ValueError, match="incomplete must be one of"):
+        _it([faulty_task("t0")], incomplete="retry")
+    with pytest.raises(ValueError, match="max_groups_in_flight"):
+        _it([faulty_task("t0")], max_groups_in_flight=0)
+    with pytest.raises(ValueError, match="stream is taken once"):
+        RolloutIterator(_FakeClient(), "run", iter([faulty_task("t0")]), 2, "policy", epochs=2)  # type: ignore
+
+
+# ---- the real stack ------------------------------------------------------------------------------------------
+
+
+class Responder:
+    """Answers by each request's first user message: a context-length error for the first request of the
+    prompts in `fail_first`; with `multi_turn`, a `sleep` tool call first and text after the tool result."""
+
+    def __init__(self, fail_first: set[str] = frozenset(), multi_turn: bool = False, delay_s: float = 0.0):
+        self.fail_first, self.multi_turn, self.delay_s = fail_first, multi_turn, delay_s
+        self.seen: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        messages = body["messages"]
+        prompt = next(m["content"] for m in messages if m["role"] == "user")
+        with self._lock:
+            first = self.seen[prompt] == 0
+            self.seen[prompt] += 1
+        if first and prompt in self.fail_first:
+            return context_length_error()
+        if self.multi_turn and messages[-1]["role"] == "user":
+            return tool_call("sleep", {}, delay_s=self.delay_s)
+        return text("done", delay_s=self.delay_s)
+
+
+@pytest.fixture
+def respond(scripted):
+    def install(responder: Responder) -> Responder:
+        scripted.responder = responder
+        return responder
+
+    yield install
+    scripted.responder = None
+
+
+def _max_overlap(starts: list[float], length: float) -> int:
+    events = sorted([(s, 1) for s in starts] + [(s + length, -1) for s in starts], key=lambda e: (e[0], e[1]))
+    now = best = 0
+    for _, step in events:
+        now += step
+        best = max(best, now)
+    return best
+
+
+@pytest.mark.usefixtures("faulty_env")
+async def test_whole_groups_only_and_backpressure(gf, scripted, respond, sql, run_id):
+    respond(Responder(delay_s=0.4))
+    tasks = [faulty_task(f"g{i}", text=f"{run_id} g{i}") for i in range(4)]
+    it = RolloutIterator(gf, run_id, tasks, n=2, model="policy", max_groups_in_flight=2, seed=1)
+    groups = []
+    async with it:
+        async for g in it:
+            ids = [m.rollout_id for m in g.members]
+            # Handed over only once every member has ended and is stored.
+            assert sql("SELECT count(*) FROM rollouts WHERE id = ANY(%s) AND finished_at IS NOT NULL", ids) == [(2,)]
+            groups.append(g)
+    assert sorted(g.task.id for g in groups) == ["g0", "g1", "g2", "g3"]
+    assert all(g.verdict == "complete" and len(g.members) == 2 and g.failed == () for g in groups)
+    assert {m.sample_index for g in groups for m in g.members} == {0, 1}
+    overlap = _max_overlap([r.at for r in scripted.requests], 0.4)
+    assert 2 <= overlap <= 4, overlap  # two groups of two; unbounded, all eight would overlap
+    assert it.max_seen_in_flight == 2 and it.position == Position(1, 0, ())
+
+
+@pytest.mark.parametrize("policy", ["drop", "partial", "wait"])
+@pytest.mark.usefixtures("faulty_env")
+async def test_incomplete_group_verdicts(gf, respond, sql, run_id, policy):
+    bad = f"{run_id} bad"
+    respond(Responder(fail_first={bad}))
+    tasks = [faulty_task("ok", text=f"{run_id} ok"), faulty_task("bad", text=bad)]
+    it = RolloutIterator(gf, run_id, tasks, n=2, model="policy", incomplete=policy, shuffle=False)
+    async with it:
+        got = {g.task.id: g async for g in it}
+    assert got["ok"].verdict == "complete"
+    if policy == "drop":
+        assert "bad" not in got and [g.task.id for g in it.withheld] == ["bad"]
+        (dropped,) = it.withheld
+        assert dropped.verdict == "dropped" and not dropped.trainable and len(dropped.failed) == 1
+        assert "context_length_exceeded" in dropped.reason
+    elif policy == "partial":
+        group = got["bad"]
+        assert group.verdict == "partial" and len(group.failed) == 1 and group.trainable
+        (failed,) = [m for m in group.members if m.sample_index in group.failed]
+        assert failed.failure_type == "context_length_exceeded" and group.rewards.count(None) == 1
+    else:
+        group = got["bad"]
+        assert group.verdict == "complete" and group.retries == 1 and group.failed == ()
+        statuses = sql("SELECT status FROM rollouts WHERE run_id = %s AND task_id = 'bad'", run_id)
+        assert sorted(s for (s,) in statuses) == ["completed", "completed"]  # the re-run replaced the failure
+
+
+@pytest.mark.usefixtures("faulty_env")
+async def test_stop_and_resume_from_position_no_duplicate_no_skip(gf, scripted, respond, sql, run_id):
+    respond(Responder(delay_s=0.2))
+    tasks = [faulty_task(f"s{i}", text=f"{run_id} s{i}") for i in range(5)]
+
+    def make(position: Position | None) -> RolloutIterator:
+        return RolloutIterator(gf, run_id, tasks, n=2, model="policy", epochs=2, seed=3, max_groups_in_flight=3,
+                               start_position=position)
+
+    first, seen = make(None), []
+    async with first:
+        async for g in first:
+            seen.append((g.epoch, g.task.id))
+            if len(seen) == 4:
+                break  # the trainer stops with groups in flight
+    saved = first.position.to_json()
+    second = make(Position.from_json(saved))  # as a new trainer process would
+    async with second:
+        seen += [(g.epoch, g.task.id) async for g in second]
+    assert sorted(seen) == sorted((e, t.id) for e in (0, 1) for t in tasks)  # each once: no duplicate, no skip
+    rows = sql("SELECT task_id, sample_index FROM rollouts WHERE run_id = %s", run_id)
+    assert sorted(rows) == sorted((t.id, s) for t in tasks for s in range(4))  # epoch 1 = samples 2, 3
+    assert len(scripted.requests) == 20  # in-flight rollouts were attached to, never run twice
+
+
+async def _wait_requests(scripted, count: int, timeout_s: float = 20.0) -> None:
+    end = time.monotonic() + timeout_s
+    while len(scripted.requests) < count:
+        assert time.monotonic() < end, f"only {len(scripted.requests)} model requests"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("stale", ["finish_and_tag", "cancel_and_restart"])
+@pytest.mark.usefixtures("faulty_env")
+async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale):
+    respond(Responder(multi_turn=True))
+    old, new = f"old-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
+    await declare_policy_version(gf, "policy", old)
+    await asyncio.sleep(0.6)  # the generate pool's view of the current version is at most 0.5 s old
+    tasks = [faulty_task(f"k{i}", text=f"{run_id} k{i}", slow_s=2.0) for i in range(2)]
+    it = RolloutIterator(gf, run_id, tasks, n=2, model="policy", max_staleness=0, stale=stale,
+                         include_withheld=True)
+
+    async def drain() -> list:
+        async with it:
+            return [g async for g in it]
+
+    run = asyncio.create_task(drain())
+    await _wait_requests(scripted, 4)  # every member's first turn came from `old`; now the policy moves on
+    await declare_policy_version(gf, "policy", new)
+    groups = await asyncio.wait_for(run, 60)
+    versions = sql("SELECT g.rollout_id, g.turn, g.policy_version FROM generations g JOIN rollouts r "
+                   "ON r.id = g.rollout_id WHERE r.run_id = %s ORDER BY 1, 2", run_id)
+    assert len(groups) == 2
+    if stale == "finish_and_tag":
+        assert all(g.verdict == "stale" and g.staleness == 1 and not g.trainable for g in groups)
+        assert len(it.withheld) == 2 and all(v == old for _, turn, v in versions if turn == 0)
+        statuses = sql("SELECT status FROM rollouts WHERE run_id = %s", run_id)
+        assert sorted(statuses) == [("completed",)] * 4  # finished, tagged, not cancelled
+    else:
+        assert all(g.verdict == "complete" and g.staleness == 0 and g.restarts >= 1 for g in groups), groups
+        assert len(versions) == 8 and {v for *_, v in versions} == {new}  # every turn of every member
+        assert it.withheld == []

