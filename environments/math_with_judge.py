@@ -37,12 +37,13 @@ from environments.base import (
     Environment,
     Placement,
     TaskData,
+    ToolOutput,
     VerifyContext,
     episode_assistant_texts,
 )
-from gymflow.kernel.errors import GymflowError, VerifierError
+from gymflow.kernel.errors import GymflowError, ToolError, VerifierError
 from gymflow.kernel.failures import JUDGE_FAILED, JUDGE_UNAVAILABLE
-from gymflow.kernel.wire import ChatMessage, Score, Task
+from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 
 JSON = dict[str, Any]
 
@@ -155,6 +156,13 @@ def _serve(conn: Connection) -> None:
             conn.send((False, repr(e)))
 
 
+MARK_COMPLETE = "mark_task_complete"
+COMPLETE_TOOL = ToolSpec(name=MARK_COMPLETE, description="Mark the task complete; your answer is then graded.",
+                         parameters={"type": "object", "properties": {}})
+CONFIRM_COMPLETE = ("Are you sure you want to mark the task as complete? Your answer will be graded and you won't "
+                    "be able to change it. If so, call mark_task_complete again.")
+
+
 class CheckRaised(RuntimeError):
     """math-verify raised on this input (the answer's fault, as in NeMo Gym: scored 0)."""
 
@@ -256,6 +264,8 @@ class MathWithJudgeTask(TaskData):
     # Per-task judge settings (NeMo Gym's names); the run's `VerifyContext.options` take precedence.
     should_use_judge: bool | None = None
     judge_model: str | None = None
+    # Offer `mark_task_complete` (terminus-style agents end their episode with it; see `call_tool`).
+    completion_tool: bool = False
 
 
 def _option(ctx: VerifyContext, data: MathWithJudgeTask, key: str) -> Any:
@@ -275,6 +285,20 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
     @classmethod
     def placement_for(cls, options: JSON) -> Placement:
         return "pool" if options.get("judge_model") or options.get("should_use_judge") else "local"
+
+    def tools(self, task: Task, data: MathWithJudgeTask) -> Sequence[ToolSpec]:
+        return (*task.tools, COMPLETE_TOOL) if data.completion_tool else task.tools
+
+    async def call_tool(self, data: MathWithJudgeTask, state: JSON, name: str, args: JSON) -> ToolOutput:
+        """Terminus-style agents (NeMo Gym's terminus_2 harness) end their episode with `mark_task_complete`,
+        called twice: the first call is answered with a request to confirm, the second ends the episode. So
+        their recordings replay whole, with no hand splitting. Other tools (their `bash_command`) have no
+        terminal here: the model is told so."""
+        if name == MARK_COMPLETE:
+            if state.get("completion_requested"):
+                return ToolOutput(content="Task marked complete.", state=state, done=True)
+            return ToolOutput(content=CONFIRM_COMPLETE, state={**state, "completion_requested": True})
+        raise ToolError(f"unknown tool {name[:80]!r}: this environment runs no tools; answer in \\boxed{{}}")
     # What NeMo Gym's rollout rows add; routing must not take a joined replay row for another environment's.
     row_fields = ("extracted_answer", "library_reward", "judge_evaluations")
 

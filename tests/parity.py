@@ -10,7 +10,11 @@ from tests.conftest import SHARED
 
 # data folder -> environment
 ENVS = {"example_single_tool_call": "single_tool", "math_with_judge": "math_with_judge", "code_gen": "code_gen",
-        "calendar": "calendar", "workplace_assistant": "workplace_assistant"}
+        "calendar": "calendar", "workplace_assistant": "workplace_assistant",
+        "math_with_judge_terminus": "math_with_judge"}
+# NeMo Gym's Terminus-2 agent rollouts of math_with_judge (multi-turn, ended by mark_task_complete twice); rollout
+# rows that carry their task's fields, recorded with the judge off.
+TERMINUS = Path(__file__).parent / "data" / "nemo_gym" / "math_with_judge" / "example_rollouts_terminus_2.jsonl"
 
 
 def recorded_model(folder: str) -> str:
@@ -23,6 +27,15 @@ def build(out_dir: Path) -> dict[str, Path]:
 
     files = {}
     for folder in ENVS:
+        if folder == "math_with_judge_terminus":
+            out = files[folder] = out_dir / f"{folder}.jsonl"
+            rows = [json.loads(line) for line in TERMINUS.read_text().splitlines()]
+            # The task field these rows lack is the prompt itself (NeMo Gym's verifier reads only expected_answer);
+            # completion_tool offers the tool their agent ended with.
+            rows = [{**r, "question": r["responses_create_params"]["input"][0]["content"], "should_use_judge": False,
+                     "completion_tool": True} for r in rows]
+            out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            continue
         out = out_dir / f"{folder}.jsonl"
         data = SHARED / folder
         written, unmatched = join_rollouts(data / "example_rollouts.jsonl", data / "example.jsonl", out)

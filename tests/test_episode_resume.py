@@ -4,11 +4,28 @@ own producer keys, and the stored transcript and generations are exactly the acc
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
+
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from gymflow.kernel.wire import RolloutSummary
 from gymflow.resume import resume_run
 from gymflow.testing.scripted_openai import http_error, text, tool_call
 from tests.helpers import weather_task
+
+
+async def _replays_and_is_kept(history: WorkflowHistory, name: str) -> None:
+    """The reset run's history replays; with GYMFLOW_RECORD_HISTORIES=1 it is (re)written for tests/test_replay.py."""
+    from workflows.episode import EpisodeWorkflow
+
+    result = await Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter).replay_workflow(
+        history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+    if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
+        (Path(__file__).parent / "histories" / f"{name}.json").write_text(history.to_json())
 
 
 async def test_resume_continues_the_chain_from_the_failed_turn(ep, scripted, sql, run_id):
@@ -28,8 +45,10 @@ async def test_resume_continues_the_chain_from_the_failed_turn(ep, scripted, sql
             break
         await asyncio.sleep(0.1)
     assert [r.note for r in resumed] == ["resumed"]
-    summary = await ep.temporal.get_workflow_handle(inp.rollout_id, result_type=RolloutSummary).result()
+    handle = ep.temporal.get_workflow_handle(inp.rollout_id, result_type=RolloutSummary)
+    summary = await handle.result()
     assert summary.status == "completed" and summary.reward == 1.0
+    await _replays_and_is_kept(await handle.fetch_history(), "episode_failed_then_reset")
     assert len(scripted.requests) == 1, "only the failed generation ran again"
     assert [m["role"] for m in scripted.requests[0].body["messages"]] == ["system", "user", "assistant", "tool"]
     (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
