@@ -42,6 +42,9 @@ def _request_body(cfg: ModelConfig, req: GenerateRequest) -> dict[str, Any]:
         extra["return_token_ids"] = True
     if extra:
         body["extra_body"] = extra
+    # Lets a model server (or a proxy, or the bench's mock) tell episodes apart, e.g. for prefix caching by episode.
+    # Printable ASCII only: a header value may not carry what a task id may (non-ASCII, control characters).
+    body["extra_headers"] = {"X-Gymflow-Rollout": "".join(c if " " <= c <= "~" else "?" for c in req.rollout_id)}
     return body
 
 

@@ -53,11 +53,15 @@ def bench_transformers(threads: int, runs: int) -> dict:
     return {"load_s": load_s, "secs": times, "logprobs_and_ids": True, "threads": torch.get_num_threads()}
 
 
-def bench_server(concurrency: int, runs: int) -> dict:
+def bench_server(concurrency: int, threads: int, runs: int) -> dict:
     """Through HTTP: `concurrency` clients each ask for 64 tokens at once; they run as one batch."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from gymflow.localmodel import start_in_thread
 
@@ -74,7 +78,6 @@ def bench_server(concurrency: int, runs: int) -> dict:
             times.append(time.monotonic() - t)
             assert all(o["usage"]["completion_tokens"] == TOKENS for o in outs)
     server.stop()
-    import torch
 
     return {"load_s": load_s, "secs": times, "logprobs_and_ids": True, "threads": torch.get_num_threads(),
             "largest_batch": server._worker.largest_batch}
@@ -92,10 +95,14 @@ def bench_llama(gguf: str, threads: int, runs: int, logits_all: bool) -> dict:
         t = time.monotonic()
         # llama-cpp-python has no ignore_eos: a logit bias of -inf on EOS forces the full 64 tokens.
         out = llm.create_chat_completion(PROMPT, max_tokens=TOKENS, temperature=0, seed=0,
-                                         logit_bias={llm.token_eos(): -1e9}, logprobs=logits_all or None)
+                                         logit_bias={llm.token_eos(): -1e9}, logprobs=logits_all or None,
+                                         top_logprobs=1 if logits_all else None)
         times.append(time.monotonic() - t)
         assert out["usage"]["completion_tokens"] == TOKENS, out["usage"]
-    return {"load_s": load_s, "secs": times, "logprobs_and_ids": logits_all, "threads": threads or os.cpu_count()}
+        assert not logits_all or out["choices"][0]["logprobs"]["content"], "llama-cpp returned no logprobs"
+    # The token ids are not in llama-cpp-python's response (no vLLM `return_token_ids`).
+    return {"load_s": load_s, "secs": times, "logprobs_and_ids": "logprobs only" if logits_all else False,
+            "threads": threads or os.cpu_count()}
 
 
 def main() -> None:
@@ -108,7 +115,7 @@ def main() -> None:
     p.add_argument("--logprobs", action="store_true", help="llama-cpp: logits_all=True, needed for logprobs")
     args = p.parse_args()
     if args.backend == "transformers" and args.concurrency:
-        r = bench_server(args.concurrency, args.runs)
+        r = bench_server(args.concurrency, args.threads, args.runs)
     elif args.backend == "transformers":
         r = bench_transformers(args.threads, args.runs)
     else:

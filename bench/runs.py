@@ -11,7 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.stack import FAST, MOCK_PROCESSES, SLOW, BenchStack
+from bench.report import flatness
+from bench.stack import FAST, SLOW, BenchStack
 from bench.workloads import (
     collect,
     history_bytes_per_rollout,
@@ -145,16 +146,9 @@ async def latency_curve(bench: BenchStack, *, points: list[int], latency_s: floa
             "highest_in_flight_at_90pct": max(held) if held else None}
 
 
-def _within(first: float | None, last: float | None, tol: float = 0.10) -> bool | None:
-    if not first or last is None:
-        return None
-    return abs(last - first) / abs(first) <= tol
-
-
 async def scaling(bench: BenchStack, *, n: int, window: int, in_flight: int, workflow: str,
                   name: str = "single_tool") -> dict[str, Any]:
-    """One run of `n` rollouts, sampled every `window` completions; flat when the last window is within 10% of
-    the first full one (the very first is skipped as warm-up when there are three or more)."""
+    """One run of `n` rollouts, sampled every `window` completions; flatness as `bench.report.flatness` says."""
     client = await _client(bench, workflow)
     run_id = _tag(f"scale{n}")
     try:
@@ -162,14 +156,6 @@ async def scaling(bench: BenchStack, *, n: int, window: int, in_flight: int, wor
                             in_flight=in_flight, window=window, on_done=_progress(f"scale {n}", n))
     finally:
         await client.close()
-    ws = got.windows
-    ref = ws[1] if len(ws) >= 3 else ws[0]
-    last = ws[-1]
-    flat = {"rollouts_per_s": _within(ref["rollouts_per_s"], last["rollouts_per_s"]),
-            "cpu_ms_per_rollout": _within(ref["cpu_ms_per_rollout"], last["cpu_ms_per_rollout"]),
-            "p95_latency_s": _within(ref["p95_latency_s"], last["p95_latency_s"]),
-            **{f"memory {k}": _within(ref["rss_mib"].get(k), v) for k, v in last["rss_mib"].items()
-               if k not in MOCK_PROCESSES}}
-    return {"workload": name, "workflow": workflow, "n": n, "window": window, "in_flight": in_flight,
-            "rollouts_per_s": got.rate, "statuses": got.statuses, "windows": ws,
-            "reference_window": ws.index(ref), "flat_within_10pct": flat}
+    out = {"workload": name, "workflow": workflow, "n": n, "window": window, "in_flight": in_flight,
+           "rollouts_per_s": got.rate, "statuses": got.statuses, "windows": got.windows}
+    return out | flatness(out)

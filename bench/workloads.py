@@ -155,4 +155,4 @@ def summarise(c: Collected) -> dict[str, Any]:
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)
+    return json.dumps(obj, indent=2, default=str)

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
+from environments import registry
 from gymflow.kernel.wire import RolloutSummary
 from gymflow.testing.scripted_openai import Reply, context_length_error, text, tool_call
 from gymflow.training.groups import failed_members, incomplete_verdict
 from gymflow.training.iterator import Position, RolloutIterator
 from gymflow.training.policy import declare_policy_version
-from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - the fixture
+from tests.faulty_env import ENTRY_POINT, faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
 
 # ---- units -----------------------------------------------------------------------------------------------
 
@@ -87,8 +88,9 @@ class Responder:
     """Answers by each request's first user message: a context-length error for the first request of the
     prompts in `fail_first`; with `multi_turn`, a `sleep` tool call first and text after the tool result."""
 
-    def __init__(self, fail_first: set[str] = frozenset(), multi_turn: bool = False, delay_s: float = 0.0):
-        self.fail_first, self.multi_turn, self.delay_s = fail_first, multi_turn, delay_s
+    def __init__(self, fail_first: set[str] = frozenset(), multi_turn: bool = False, delay_s: float = 0.0,
+                 slow: dict[str, float] | None = None):
+        self.fail_first, self.multi_turn, self.delay_s, self.slow = fail_first, multi_turn, delay_s, slow or {}
         self.seen: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -100,9 +102,17 @@ class Responder:
             self.seen[prompt] += 1
         if first and prompt in self.fail_first:
             return context_length_error()
+        delay = self.slow.get(prompt, self.delay_s)
         if self.multi_turn and messages[-1]["role"] == "user":
-            return tool_call("sleep", {}, delay_s=self.delay_s)
-        return text("done", delay_s=self.delay_s)
+            return tool_call("sleep", {}, delay_s=delay)
+        return text("done", delay_s=delay)
+
+
+@pytest.fixture
+def installed(request, monkeypatch):
+    """The test environment is listed as installed, so the iterator's up-front check accepts it."""
+    name, real = request.getfixturevalue("faulty_env"), registry.available
+    monkeypatch.setattr(registry, "available", lambda: {**real(), name: ENTRY_POINT.value})
 
 
 @pytest.fixture
@@ -124,7 +134,7 @@ def _max_overlap(starts: list[float], length: float) -> int:
     return best
 
 
-@pytest.mark.usefixtures("faulty_env")
+@pytest.mark.usefixtures("installed")
 async def test_whole_groups_only_and_backpressure(gf, scripted, respond, sql, run_id):
     respond(Responder(delay_s=0.4))
     tasks = [faulty_task(f"g{i}", text=f"{run_id} g{i}") for i in range(4)]
@@ -145,7 +155,7 @@ async def test_whole_groups_only_and_backpressure(gf, scripted, respond, sql, ru
 
 
 @pytest.mark.parametrize("policy", ["drop", "partial", "wait"])
-@pytest.mark.usefixtures("faulty_env")
+@pytest.mark.usefixtures("installed")
 async def test_incomplete_group_verdicts(gf, respond, sql, run_id, policy):
     bad = f"{run_id} bad"
     respond(Responder(fail_first={bad}))
@@ -171,9 +181,8 @@ async def test_incomplete_group_verdicts(gf, respond, sql, run_id, policy):
         assert sorted(s for (s,) in statuses) == ["completed", "completed"]  # the re-run replaced the failure
 
 
-@pytest.mark.usefixtures("faulty_env")
+@pytest.mark.usefixtures("installed")
 async def test_stop_and_resume_from_position_no_duplicate_no_skip(gf, scripted, respond, sql, run_id):
-    respond(Responder(delay_s=0.2))
     tasks = [faulty_task(f"s{i}", text=f"{run_id} s{i}") for i in range(5)]
 
     def make(position: Position | None) -> RolloutIterator:
@@ -181,11 +190,14 @@ async def test_stop_and_resume_from_position_no_duplicate_no_skip(gf, scripted, 
                                start_position=position)
 
     first, seen = make(None), []
+    slow = tasks[first._order(0)[0]]  # the first group in order finishes last: later ones are handed over first
+    respond(Responder(delay_s=0.1, slow={slow.messages[0].content: 2.5}))
     async with first:
         async for g in first:
             seen.append((g.epoch, g.task.id))
-            if len(seen) == 4:
+            if len(seen) == 3:
                 break  # the trainer stops with groups in flight
+    assert first.position.index == 0 and len(first.position.ahead) == 3  # the cursor waits for the slow one
     saved = first.position.to_json()
     second = make(Position.from_json(saved))  # as a new trainer process would
     async with second:
@@ -196,6 +208,23 @@ async def test_stop_and_resume_from_position_no_duplicate_no_skip(gf, scripted, 
     assert len(scripted.requests) == 20  # in-flight rollouts were attached to, never run twice
 
 
+@pytest.mark.usefixtures("installed")
+async def test_stop_drains_the_groups_in_flight(gf, respond, sql, run_id):
+    respond(Responder(delay_s=0.3))
+    tasks = [faulty_task(f"d{i}", text=f"{run_id} d{i}") for i in range(4)]
+    it = RolloutIterator(gf, run_id, tasks, n=1, model="policy", max_groups_in_flight=2, shuffle=False)
+    got = []
+    async with it:
+        async for g in it:
+            got.append(g.task.id)
+            it.stop()  # no new group; the one still running is handed over, then the iteration ends
+    assert sorted(got) == ["d0", "d1"] and it.in_flight == 0 and it.position == Position(0, 2, ())
+    assert sql("SELECT count(*) FROM rollouts WHERE run_id = %s", run_id) == [(2,)]  # nothing left behind
+    rest = RolloutIterator(gf, run_id, tasks, n=1, model="policy", shuffle=False, start_position=it.position)
+    async with rest:
+        assert sorted([g.task.id async for g in rest]) == ["d2", "d3"]
+
+
 async def _wait_requests(scripted, count: int, timeout_s: float = 20.0) -> None:
     end = time.monotonic() + timeout_s
     while len(scripted.requests) < count:
@@ -204,7 +233,7 @@ async def _wait_requests(scripted, count: int, timeout_s: float = 20.0) -> None:
 
 
 @pytest.mark.parametrize("stale", ["finish_and_tag", "cancel_and_restart"])
-@pytest.mark.usefixtures("faulty_env")
+@pytest.mark.usefixtures("installed")
 async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale):
     respond(Responder(multi_turn=True))
     old, new = f"old-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
@@ -233,4 +262,8 @@ async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale):
     else:
         assert all(g.verdict == "complete" and g.staleness == 0 and g.restarts >= 1 for g in groups), groups
         assert len(versions) == 8 and {v for *_, v in versions} == {new}  # every turn of every member
+        # Cancelled in flight (during the tool call) and started again: one old turn each, then two new ones.
+        # Temporal lets a cancelled run start again under ALLOW_DUPLICATE_FAILED_ONLY (client.run_one's
+        # retry_failed); were it refused, the member would end as the cancelled run.
+        assert len(scripted.requests) == 4 * 3
         assert it.withheld == []

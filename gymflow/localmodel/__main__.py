@@ -19,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--served-model-name", help="the `model` name clients must use")
     p.add_argument("--version", default="v0", help="policy version reported until the first load_weights")
     p.add_argument("--max-batch", type=int, default=8, help="requests run together in one batch, at most")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    # One thread by default: on a small machine shared with workers, two spinning OpenMP threads fall far behind
+    # one (docs/local-model.md); on a quiet machine more threads help a little.
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

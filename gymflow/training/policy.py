@@ -86,8 +86,10 @@ def reported_version(resp: Any) -> str | None:
     """The completion's own top-level `policy_version` (the local model server sends one), if usable.
 
     The reply is the model server's: any type, any size. Only a short clean string (or an integer) counts."""
+    value = getattr(resp, "policy_version", None)
     extra = getattr(resp, "model_extra", None)
-    value = extra.get("policy_version") if isinstance(extra, dict) else None
+    if value is None and isinstance(extra, dict):  # an openai response object keeps unknown fields here
+        value = extra.get("policy_version")
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     return value if isinstance(value, str) and version_problem(value) is None else None
