@@ -151,7 +151,10 @@ class EpisodeActivities:
         return out[-1]
 
     async def _already_produced(self, rollout_id: str) -> list[StoredMessage]:
-        """What an earlier attempt of this very activity stored (its completion was lost), oldest first."""
+        """What an earlier attempt of this very activity stored (its completion was lost), oldest first. Nothing
+        on a first attempt: the producer key names this workflow run's activity, so no one else writes under it."""
+        if activity.info().attempt == 1:
+            return []
         producer = _producer()
         return await self._read("reading earlier attempts", lambda s: produced(s, rollout_id, producer))
 

@@ -5,7 +5,8 @@
   /tmp/llamavenv/bin/python bench/local_model.py --backend llama-cpp --gguf PATH [--threads N]
 
 The llama-cpp path imports nothing from gymflow, so it runs in a throwaway venv with llama-cpp-python only.
-Both generate exactly 64 tokens (EOS ignored) from the same chat prompt, greedy, and report the median of 3 runs.
+Both generate exactly 64 tokens (EOS ignored) from the same chat prompt (greedy; the HTTP mode samples at
+temperature 1) and report the median of 3 runs.
 """
 
 from __future__ import annotations

@@ -262,8 +262,12 @@ async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale):
     else:
         assert all(g.verdict == "complete" and g.staleness == 0 and g.restarts >= 1 for g in groups), groups
         assert len(versions) == 8 and {v for *_, v in versions} == {new}  # every turn of every member
-        # Cancelled in flight (during the tool call) and started again: one old turn each, then two new ones.
-        # Temporal lets a cancelled run start again under ALLOW_DUPLICATE_FAILED_ONLY (client.run_one's
-        # retry_failed); were it refused, the member would end as the cancelled run.
+        # Cancelled in flight (during the tool call) and started again: one old turn each, then two new ones,
+        # the restart under ALLOW_DUPLICATE_FAILED_ONLY (client.run_one's retry_failed); were it refused, the
+        # member would end as the cancelled run.
         assert len(scripted.requests) == 4 * 3
+        # Each id: the cancelled run (EpisodeWorkflow records a cancellation and ends FAILED) and its restart.
+        runs = Counter([(w.id, w.status.name) async for w in gf.temporal.list_workflows(f"GymflowRun = '{run_id}'")])
+        assert runs == Counter({(f"{run_id}/k{t}/{i}", s): 1 for t in (0, 1) for i in (0, 1)
+                                for s in ("FAILED", "COMPLETED")})
         assert it.withheld == []

@@ -47,7 +47,7 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     from workflows.episode import EpisodeWorkflow
     from workflows.rollout import RolloutWorkflow
 
-    engine = make_engine(database_url)
+    engine = make_engine(database_url, pre_ping=False)  # activities retry every statement
     out.closers.append(engine.dispose)
     models = ModelClients(settings.models)
     out.closers.append(models.close)
@@ -100,7 +100,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
         return out
 
     migrate(database_url)
-    engine = make_engine(database_url)
+    engine = make_engine(database_url, pre_ping=False)  # activities retry every statement
     out.closers.append(engine.dispose)
     sessions = make_sessionmaker(engine)
 

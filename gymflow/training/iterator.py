@@ -41,7 +41,7 @@ from gymflow.training.groups import (
     failed_members,
     incomplete_verdict,
 )
-from gymflow.training.policy import NO_VERSION_ORDINAL, current_version, oldest_ordinals
+from gymflow.training.policy import CACHE_TTL_S, NO_VERSION_ORDINAL, current_version, oldest_ordinals
 
 Stale = Literal["finish_and_tag", "cancel_and_restart"]
 STALE_POLICIES: tuple[Stale, ...] = ("finish_and_tag", "cancel_and_restart")
@@ -369,7 +369,9 @@ class RolloutIterator:
                 raise
             result = await run  # a cancelled workflow ends as a recorded `workflow_cancelled` failure
             if cancelled and result.summary.status == "failed":
-                # Temporal counts a cancelled run as failed, so ALLOW_DUPLICATE_FAILED_ONLY starts it again.
+                # Temporal counts a cancelled run as failed, so ALLOW_DUPLICATE_FAILED_ONLY starts it again;
+                # once the generate workers' cached view (policy.CACHE_TTL_S) has seen the version we saw.
+                await asyncio.sleep(max(0.0, self._ordinal_cache[0] + CACHE_TTL_S - asyncio.get_running_loop().time()))
                 m.restarts += 1
                 retry_failed, rerun = True, False
                 continue

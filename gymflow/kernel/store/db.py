@@ -31,9 +31,12 @@ def sqlalchemy_url(url: str) -> str:
     raise ValueError(f"DATABASE_URL must be a postgresql:// URL, got scheme {url.split(':', 1)[0]!r}")
 
 
-def make_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+def make_engine(url: str, pool_size: int = 10, pre_ping: bool = True) -> AsyncEngine:
+    """`pre_ping=False` saves a round trip per checkout; only for callers that retry every statement on a
+    connection error (the activities do, activities/boundary.py `retry_store`): after a Postgres restart the
+    first use of a stale connection fails, the pool drops it, and the retry gets a fresh one."""
     return create_async_engine(
-        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
+        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping,
         pool_timeout=30, connect_args={"connect_timeout": 10},
     )
 

@@ -74,30 +74,30 @@ async def append_messages(session: AsyncSession, *, rollout_id: str, parent_id: 
     """Append `messages` after `parent_id` (None: the episode's first) and return their ids, in order.
 
     Idempotent per (rollout, producer): when the producer already wrote its batch, that batch's ids come back
-    and nothing is written. Run it in its own transaction so a conflict is seen, not half-applied."""
+    and nothing is written. Run it in its own transaction so a conflict is seen, not half-applied. One round trip
+    per message: each insert takes its position from its parent's row, which must belong to the rollout."""
     if not messages:
         raise ValueError("append_messages: nothing to append")
-    existing = await _produced(session, rollout_id, producer)
-    if existing:
-        return existing
-    position = 0
-    if parent_id is not None:
-        parent = await session.scalar(sa.select(MessageRow.position).where(
-            MessageRow.id == parent_id, MessageRow.rollout_id == rollout_id))
-        if parent is None:
-            raise LookupError(f"message {parent_id} is not part of rollout {rollout_id!r}")
-        position = parent + 1
     ids: list[int] = []
     previous = parent_id
     for index, msg in enumerate(messages):
-        stmt = insert(MessageRow).values(
-            rollout_id=rollout_id, parent_id=previous, position=position + index, producer=producer,
-            producer_index=index, role=msg.role, body=storable(msg.body), state=storable(msg.state),
-            tokens=msg.tokens,
-        ).on_conflict_do_nothing(constraint="messages_producer_key").returning(MessageRow.id)
-        new_id = await session.scalar(stmt)
-        if new_id is None:  # a concurrent attempt of the same producer won: take its batch
-            return await _produced(session, rollout_id, producer)
+        values = {"rollout_id": rollout_id, "parent_id": previous, "producer": producer, "producer_index": index,
+                  "role": msg.role, "body": storable(msg.body), "state": storable(msg.state), "tokens": msg.tokens}
+        if previous is None:
+            stmt = insert(MessageRow).values(position=0, **values)
+        else:
+            parent = sa.select(*[sa.literal(v, type_=MessageRow.__table__.c[k].type).label(k)
+                                 for k, v in values.items()],
+                               (MessageRow.position + 1).label("position")).where(
+                MessageRow.id == previous, MessageRow.rollout_id == rollout_id)
+            stmt = insert(MessageRow).from_select([*values, "position"], parent)
+        new_id = await session.scalar(stmt.on_conflict_do_nothing(constraint="messages_producer_key")
+                                      .returning(MessageRow.id))
+        if new_id is None:
+            existing = await _produced(session, rollout_id, producer)
+            if existing:  # this producer already wrote (a retry, or a concurrent attempt that won): its batch
+                return existing
+            raise LookupError(f"message {previous} is not part of rollout {rollout_id!r}")
         ids.append(new_id)
         previous = new_id
     return ids
