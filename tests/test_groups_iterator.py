@@ -225,6 +225,24 @@ async def test_stop_drains_the_groups_in_flight(gf, respond, sql, run_id):
         assert sorted([g.task.id async for g in rest]) == ["d2", "d3"]
 
 
+@pytest.mark.usefixtures("installed")
+async def test_task_stream(gf, respond, run_id):
+    respond(Responder())
+
+    async def stream(ids: list[str]):
+        for i in ids:
+            yield faulty_task(i, text=f"{run_id} {i}")
+
+    it = RolloutIterator(gf, run_id, stream(["a", "b"]), n=1, model="policy")
+    async with it:
+        assert sorted([g.task.id async for g in it]) == ["a", "b"]
+    assert it.position == Position(0, 2, ())
+    dup = RolloutIterator(gf, run_id, stream(["a", "c", "a"]), n=1, model="policy")
+    with pytest.raises(ValueError, match="item 2: duplicate task id 'a'"):
+        async with dup:
+            _ = [g async for g in dup]
+
+
 async def _wait_requests(scripted, count: int, timeout_s: float = 20.0) -> None:
     end = time.monotonic() + timeout_s
     while len(scripted.requests) < count:

@@ -10,7 +10,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from gymflow.kernel import names
@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         FAILURE_TYPES,
         INTERNAL_ERROR,
         TRANSCRIPT_TOO_LARGE,
+        WORKFLOW_CANCELLED,
         known,
         short_message,
     )
@@ -73,6 +74,8 @@ def failure_of(err: ActivityError) -> tuple[str, str]:
             return cause.type, short_message(cause.message)
         detail = f"{cause.type}: {cause.message}" if cause.type else cause.message
         return INTERNAL_ERROR, short_message(f"{err.activity_type}: {detail}")
+    if isinstance(cause, CancelledError):  # the workflow was cancelled while this activity ran
+        return WORKFLOW_CANCELLED, f"{err.activity_type}: cancelled"
     if isinstance(cause, TimeoutError):
         return ACTIVITY_TIMEOUT, f"{err.activity_type}: {cause.type.name if cause.type else 'timeout'} timeout"
     return INTERNAL_ERROR, short_message(f"{err.activity_type}: {cause or err}")

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -271,7 +271,7 @@ class RolloutIterator:
                 epoch, index = epoch + 1, 0
             return
         seen: set[str] = set()
-        i = 0
+        i, start = 0, self.position.index
         async for task in _aiter(self.source):
             if not isinstance(task, Task):
                 raise ValueError(f"task stream item {i}: expected a Task, got {type(task).__name__}")
@@ -282,7 +282,7 @@ class RolloutIterator:
             if task.env not in self._checked_envs:
                 check_collectable(self.client.settings, {task.env}, self.model, self.run_id)
                 self._checked_envs.add(task.env)
-            if i >= self.position.index and (0, i) not in skip:
+            if i >= start and (0, i) not in skip:
                 yield _Slot(0, i, task)
             i += 1
 
@@ -299,14 +299,14 @@ class RolloutIterator:
         first = slot.epoch * self.n
         members = [_Member(self.client.make_input(self.run_id, slot.task, first + i, self.model, self.sampling,
                                                   self.max_turns)) for i in range(self.n)]
-        await asyncio.gather(*(self._run_member(m) for m in members))
+        await _all(self._run_member(m) for m in members)
         retries = 0
         while True:
             summaries = tuple(m.summary for m in members if m.summary is not None)
             broken = [m for m in members if m.summary and m.summary.status == "failed"]
             if self.incomplete == "wait" and broken and retries < self.max_retries:
                 retries += 1  # only failed workflows can run again; a masked one is a result
-                await asyncio.gather(*(self._run_member(m, retry_failed=True) for m in broken))
+                await _all(self._run_member(m, retry_failed=True) for m in broken)
                 continue
             staleness, stale_members = await self._staleness(members)
             if stale_members and self.stale == "cancel_and_restart":
@@ -314,7 +314,7 @@ class RolloutIterator:
                 if len(restartable) == len(stale_members):
                     for m in restartable:
                         m.restarts += 1
-                    await asyncio.gather(*(self._run_member(m, rerun=True) for m in restartable))
+                    await _all(self._run_member(m, rerun=True) for m in restartable)
                     continue
             break
         verdict, reason = (("stale", f"oldest turn {staleness} policy versions behind; at most {self.max_staleness}")
@@ -386,6 +386,16 @@ class RolloutIterator:
             log.info("cancelling stale rollout %s: %s", rollout_id, e)
             return False
         return True
+
+
+async def _all(runs: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run them together; the first error cancels the others (none is left running unawaited)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for run in runs:
+                group.create_task(run)
+    except ExceptionGroup as errors:
+        raise errors.exceptions[0] from None
 
 
 def _dataset_problems(tasks: list[Task]) -> list[str]:
