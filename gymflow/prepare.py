@@ -104,7 +104,7 @@ def prepare(path: str | Path, env_name: str, out: str | Path) -> PrepareReport:
         for row, task in iter_tasks(src, env=env_name, errors=errors):
             problem = duplicate(seen, task.id, row.line)
             if problem is None:  # the environment's own check, and whether another environment fits it better
-                problem = route_problem(env_name, task)
+                problem = route_problem(env_name, task, row=row.value)
             if problem is not None:
                 errors.add(DatasetError(str(src), row.line, problem))
                 continue

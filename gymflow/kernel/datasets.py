@@ -376,7 +376,7 @@ def load_jsonl(path: str | Path, *, env: str | None) -> tuple[list[Task], list[D
     for row, task in iter_tasks(path, env=env, errors=errors):
         problem = duplicate(seen, task.id, row.line)
         if problem is None and env:  # a row another environment fits better (its own checks run in the rollout)
-            problem = route_problem(env, task, check_target=False)
+            problem = route_problem(env, task, check_target=False, row=row.value)
         if problem:
             errors.add(DatasetError(str(path), row.line, problem))
         else:

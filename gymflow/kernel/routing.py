@@ -8,8 +8,8 @@ accepts it. The error names E and the fields that gave it away.
 
 Cheap on the common path: only T is imported. The other environments are imported (once per process) only
 for a row with fields T does not know, or one T rejects. A row whose fields two environments know equally
-well (`question` + `expected_answer`: `math_with_judge` and `equivalence_llm_judge`) is not flagged: field
-names cannot tell them apart.
+well (`question` + `expected_answer`: `math_with_judge` and `equivalence_llm_judge`) is told apart only by
+NeMo Gym's `agent_ref`, when the row carries one (`agent_environment`).
 """
 
 from __future__ import annotations
@@ -121,18 +121,40 @@ def better_environments(target: str, task: Task, target_error: str | None) -> tu
     return names, best
 
 
+# NeMo Gym agent names that do not start with the gymflow environment's name.
+_AGENT_ALIASES = {"example_single_tool_call": "single_tool"}
+
+
+def agent_environment(row: object) -> str | None:
+    """The installed environment a NeMo Gym row's `agent_ref` names (`equivalence_llm_judge_simple_agent` ->
+    `equivalence_llm_judge`): the longest environment name its agent name starts with. None when it names none.
+    The one signal for rows whose fields two environments share (`question` + `expected_answer`)."""
+    ref = row.get("agent_ref") if isinstance(row, dict) else None
+    name = ref.get("name") if isinstance(ref, dict) else None
+    if not isinstance(name, str):
+        return None
+    candidates = {**{env: env for env in _installed()}, **_AGENT_ALIASES}
+    matches = [prefix for prefix in candidates if name == prefix or name.startswith(prefix + "_")]
+    return candidates[max(matches, key=len)] if matches else None
+
+
 def join_hint() -> str:
     return ("it is a NeMo Gym rollout row (it has `response` and `reward`) without its task's fields: run "
             "`gymflow data join ROLLOUTS --tasks TASKS --out OUT` first and use OUT")
 
 
-def route_problem(target: str, task: Task, *, check_target: bool = True) -> str | None:
+def route_problem(target: str, task: Task, *, check_target: bool = True, row: object = None) -> str | None:
     """Why the row should not go to `target`, naming the environment it fits better if any; None when it is fine
     there. `check_target=False` reports only a row that another environment fits better or a raw rollout row
     (the caller lets the rollout itself report a row the target rejects). Nothing is flagged for an environment
     that is not installed."""
-    if _environment(target) is None:
+    env = _environment(target)
+    if env is None:
         return None
+    named = agent_environment(row)
+    if named is not None and named != target and not type(env).accepts_any_row and _accepts(named, task) is None:
+        return (f"its agent_ref names NeMo Gym's `{row['agent_ref']['name'][:80]}` (a `{named}` row), not a "  # type: ignore[index]
+                f"`{target}` one; run with --env {named}")
     target_error = _accepts(target, task)
     if is_rollout_row(task) and target_error is not None:
         return f"{target_error}; {join_hint()}"
