@@ -58,6 +58,19 @@ def _batch(samples: Sequence[Sample]) -> tuple[torch.Tensor, ...]:
     return ids, attn, mask[:, 1:], old[:, 1:]
 
 
+def _token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
+                    ) -> torch.Tensor:
+    """log p(token t+1 | ..t) where `mask` is set, 0 elsewhere. The 49k-wide output layer runs only on the
+    generated positions: on CPU it would otherwise cost as much as the rest of the model for the prompt."""
+    hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+    where = mask.bool()
+    logits = model.get_output_embeddings()(hidden[where]).float()
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
+    out = torch.zeros(mask.shape, dtype=picked.dtype)
+    out[where] = picked
+    return out
+
+
 def policy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
                 clip_eps: float = 0.2, max_grad_norm: float = 1.0) -> StepStats:
     """One optimizer step of the clipped surrogate -min(ratio * A, clip(ratio) * A), each sequence's tokens
@@ -70,13 +83,12 @@ def policy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sample
     adv = torch.tensor([s.advantage for s in learnable], dtype=torch.float32)[:, None]
     before = [p.detach().clone() for p in model.parameters()]
     model.train()
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    new = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    new = _token_logprobs(model, ids, attn, mask)
     ratio = torch.exp(new - old)
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
     per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    loss = per_seq.mean()
+    loss = per_seq.mean()  # ~0 on a fresh batch (advantages sum to 0 per group); its gradient is not
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -87,4 +99,4 @@ def policy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sample
         tokens = float(mask.sum())
         clip_frac = float((((ratio - clipped).abs() > 1e-6).float() * mask).sum() / max(tokens, 1.0))
         gap = float(((new - old).abs() * mask).max())
-    return StepStats(float(loss), float(grad_norm), change, len(learnable), int(tokens), clip_frac, gap)
+    return StepStats(float(loss.detach()), float(grad_norm), change, len(learnable), int(tokens), clip_frac, gap)

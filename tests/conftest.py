@@ -169,6 +169,15 @@ async def ep(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClie
     await client.close()
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def classic(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
+    """A client whose rollouts run the older RolloutWorkflow (`rollout.workflow: classic`): the episode in history."""
+    shape = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "classic"})})
+    client = await GymflowClient.connect(shape)
+    yield client
+    await client.close()
+
+
 @pytest.fixture(scope="session")
 def sql(stack: StackAddresses):  # noqa: ANN201 - returns a small query helper
     def query(statement: str, *params: Any) -> list[tuple[Any, ...]]:

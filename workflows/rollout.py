@@ -99,7 +99,7 @@ def _size(message: ChatMessage) -> int:
 
 def _check_size(size: int, limit: int) -> None:
     if size > limit:
-        raise TranscriptTooLarge(f"transcript is {size} bytes, over limits.max_transcript_bytes={limit}; "
+        raise TranscriptTooLarge(f"task and transcript are {size} bytes, over limits.max_transcript_bytes={limit}; "
                                  "shorten tool outputs or max_turns")
 
 
@@ -167,7 +167,9 @@ class RolloutWorkflow:
         gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
         env_opts = activity_options(inp.limits.env, names.ENV_QUEUE)
         turns_here = 0
-        size = sum(map(_size, ep.messages))  # kept as messages are added, not re-measured every turn
+        # What the largest payload carries: verify's input holds the task and the whole transcript. Kept as
+        # messages are added, not re-measured every turn.
+        size = len(inp.task.model_dump_json(exclude_none=True)) + sum(map(_size, ep.messages))
         while self._turn < inp.max_turns:
             if turns_here and should_continue_as_new(inp.turns_per_run, turns_here):
                 # History grows with every turn's transcript; carry the episode into a fresh run.
@@ -207,6 +209,7 @@ class RolloutWorkflow:
                     ended_by = call.function.name
             if ended_by is not None:
                 break
+        _check_size(size, inp.limits.max_transcript_bytes)  # the last answer too: verify carries it
         return ep
 
     async def _finish(self, inp: RolloutInput, ep: EpisodeCheckpoint, score: Score | None,
