@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -36,7 +36,6 @@ from temporalio.exceptions import (
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
-from gymflow.completions import CompletionStream
 from gymflow.kernel import failures, names
 from gymflow.kernel.config import Settings
 from gymflow.kernel.episode_wire import episode_input
@@ -82,9 +81,6 @@ T = TypeVar("T")
 class CollectResult:
     summary: RolloutSummary
     outcome: Outcome
-
-
-DESCRIBE_EVERY_MAX_S = 30.0  # a workflow closed without a row (terminated, timed out) is noticed within this
 
 
 def reconnect_wait_from_env(environ: dict[str, str] | None = None) -> float:
@@ -208,7 +204,6 @@ class GymflowClient:
         self._database_url = database_url
         self._engine = make_engine(database_url, pool_size=2)
         self._sessions = make_sessionmaker(self._engine)
-        self._completions = CompletionStream(self._sessions)
 
     @classmethod
     async def connect(cls, settings: Settings, *, wait_s: float | None = None,
@@ -224,7 +219,6 @@ class GymflowClient:
         return cls(temporal, settings, database_url, on_notice=on_notice)
 
     async def close(self) -> None:
-        await self._completions.close()
         await self._engine.dispose()
 
     def make_input(self, run_id: str, task: Task, sample_index: int, model: str,
@@ -320,13 +314,7 @@ class GymflowClient:
         started = getattr(resp, "started", True)
         return handle, "started" if started else "attached"
 
-    async def result(self, handle: WorkflowHandle[Any, RolloutSummary], inp: RolloutInput, *,
-                     from_store: bool = False) -> RolloutSummary:
-        """The rollout's summary once it ends. `from_store`: read it from its final `rollouts` row (one query per
-        poll for all waiters, gymflow/completions.py) instead of a Temporal long-poll per rollout; only for a
-        rollout no earlier run of the same id can have left a row for (not --retry-failed, not a rerun)."""
-        if from_store and (summary := await self._from_store(handle, inp)) is not None:
-            return summary
+    async def result(self, handle: WorkflowHandle[Any, RolloutSummary], inp: RolloutInput) -> RolloutSummary:
         try:
             return await self._ride_out(handle.result, f"wait for {inp.rollout_id}")
         except WorkflowFailureError as err:
@@ -335,25 +323,6 @@ class GymflowClient:
                 # Terminated, timed out or cancelled: the workflow never persisted; record it here.
                 await self._save(summary, inp)
             return summary
-
-    async def _from_store(self, handle: WorkflowHandle[Any, RolloutSummary], inp: RolloutInput
-                          ) -> RolloutSummary | None:
-        """The summary from the store; None once the workflow has closed without a row (the caller then asks
-        Temporal, and records it). Temporal is asked with `describe` at widening intervals, never held open."""
-        watch = asyncio.create_task(self._completions.wait(inp.rollout_id))
-        check_s = 1.0
-        try:
-            while True:
-                done, _ = await asyncio.wait({watch}, timeout=check_s)
-                if done:
-                    return watch.result()
-                check_s = min(check_s * 2, DESCRIBE_EVERY_MAX_S)
-                desc = await self._ride_out(handle.describe, f"describe {inp.rollout_id}")
-                if desc.status != WorkflowExecutionStatus.RUNNING:
-                    return None
-        finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
 
     async def _save(self, summary: RolloutSummary, inp: RolloutInput) -> None:
         """Record a rollout the workflow could not; waits (bounded) for Postgres to come back."""
@@ -409,7 +378,7 @@ class GymflowClient:
             handle, outcome = await self.start_rollout(inp, retry_failed=retry_failed, rerun=rerun)
         except RPCError as err:  # transient ones were ridden out inside start_rollout
             return CollectResult(await self._rejected(inp, err), "rejected")
-        return CollectResult(await self.result(handle, inp, from_store=not (retry_failed or rerun)), outcome)
+        return CollectResult(await self.result(handle, inp), outcome)
 
     async def run_rollout(self, inp: RolloutInput) -> RolloutSummary:
         return (await self.run_one(inp)).summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ def workflow_runner() -> SandboxedWorkflowRunner:
     """The workflow sandbox with every import passed through: modules load once per process instead of once per
     workflow run (a large share of the workflow pool's CPU per rollout, docs/benchmarks.md). Determinism checks
     on calls (time, randomness, I/O) still apply; workflow modules keep no module-level state."""
+    if os.environ.get("GYMFLOW_SANDBOX_PASSTHROUGH", "1") == "0":  # the SDK's default, to measure the lever
+        return SandboxedWorkflowRunner()
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
 
 
