@@ -208,12 +208,11 @@ class EpisodeActivities:
                 body = _request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
                                                           turn=req.turn, model=req.model, messages=_chat(chain),
                                                           tools=tools, sampling=req.sampling))
-                async with self._models.limit(req.model):
-                    try:
-                        resp = await heartbeating(self._models.create(req.model, body), req.turn)
-                    except ApplicationError as e:
-                        metrics.generation_failed(req.model, e.type)
-                        raise
+                try:  # heartbeat while waiting for a slot of the model's concurrency limit too, not only the call
+                    resp = await heartbeating(self._models.limited_create(req.model, body), req.turn)
+                except ApplicationError as e:
+                    metrics.generation_failed(req.model, e.type)
+                    raise
                 choice = resp.choices[0]
                 try:
                     message = _to_message(choice.message)

@@ -103,13 +103,12 @@ class GenerateActivities:
         if cfg.recorded:
             return await self._replay(cfg, req, attempt)
         started = time.monotonic()
-        async with self._models.limit(req.model):
-            try:
-                resp = await heartbeating(self._models.create(req.model, _request_body(cfg, req)), req.turn)
-            except ApplicationError as e:
-                activity.logger.debug("generation failed: %s", e.type)  # the SDK logs the failure once
-                metrics.generation_failed(req.model, e.type)
-                raise
+        try:  # heartbeat while waiting for a slot of the model's concurrency limit too, not only the call
+            resp = await heartbeating(self._models.limited_create(req.model, _request_body(cfg, req)), req.turn)
+        except ApplicationError as e:
+            activity.logger.debug("generation failed: %s", e.type)  # the SDK logs the failure once
+            metrics.generation_failed(req.model, e.type)
+            raise
         choice = resp.choices[0]
         try:
             message = _to_message(choice.message)

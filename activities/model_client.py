@@ -208,6 +208,11 @@ class ModelClients:
         except (openai.OpenAIError, ValueError) as e:
             raise classify(e, name) from None
 
+    async def limited_create(self, name: str, body: dict[str, Any]) -> Completion:
+        """`create` within the model's per-process concurrency limit (waiting for a slot included)."""
+        async with self.limit(name):
+            return await self.create(name, body)
+
     async def chat(self, name: str, messages: Sequence[ChatMessage]) -> str:
         """Plain text completion, for judges. Raises ApplicationError classified like generation."""
         cfg = self.config(name)

@@ -1,6 +1,6 @@
 """A GRPO loop that learns, on CPU: SmolLM2-135M learns to answer in exactly one word (env `one_word`).
 
-    python examples/grpo_local.py --steps 20 --groups 4 --samples 4 --out grpo_out
+    python examples/grpo_local.py --steps 20 --groups 8 --samples 6 --out grpo_out
 
 Per step: gymflow collects `--groups` groups of `--samples` rollouts on the durable stack (embedded Temporal and
 Postgres, the three worker pools, the local model server: all started here and stopped at the end); each
@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -53,8 +54,8 @@ LOAD_TIMEOUT_S = 300.0  # reading 540 MB of float32 weights; slow disks and a bu
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--groups", type=int, default=4, help="tasks per step")
-    p.add_argument("--samples", type=int, default=4, help="rollouts per task (the group size)")
+    p.add_argument("--groups", type=int, default=8, help="tasks per step")
+    p.add_argument("--samples", type=int, default=6, help="rollouts per task (the group size)")
     p.add_argument("--out", default="grpo_out", help="output folder (the embedded stack's state goes there too)")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--max-tokens", type=int, default=24, help="per reply; a one-word answer needs ~3")
@@ -175,12 +176,14 @@ def plot(curve: list[dict[str, Any]], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = [c["step"] for c in curve]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.plot(steps, [c["mean_reward"] for c in curve], marker="o", label="mean reward")
     ax.plot(steps, [c["exact_fraction"] for c in curve], marker=".", linestyle="--", label="exactly one word")
-    ax.set_xlabel("step (policy version generating it = step - 1)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step (its rollouts come from policy version step - 1)")
     ax.set_ylabel("reward")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title, fontsize=9)
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     for d in (out, state):
         os.chmod(d, 0o755)  # embedded Postgres runs as its own system user when we are root
     started = time.monotonic()
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the stack, pools and model server are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         server = start_local_model(["--threads", str(args.server_threads)])
     except click.ClickException as e:

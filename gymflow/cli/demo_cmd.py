@@ -68,10 +68,11 @@ def with_policy(settings: Settings, policy: dict[str, Any], config_out: Path,
 
 
 def local_policy(base_url: str, name: str) -> dict[str, Any]:
-    """models.policy for the local server: token ids and logprobs on (training records), few requests at once
-    (the server batches up to 8 on one model thread)."""
+    """models.policy for the local server: token ids and logprobs on (training records). Every request goes
+    straight to the server, which queues them (256) and batches 8 at a time: a generate activity waiting on
+    the pool's own concurrency limit does not heartbeat, and would be timed out after 30 s."""
     return {"base_url": base_url, "model": name, "logprobs": True, "return_token_ids": True,
-            "request_timeout_s": 600, "concurrency": 8}
+            "request_timeout_s": 600, "concurrency": 128}
 
 
 def start_local_model(args: Sequence[str] = ()) -> Any:
@@ -104,25 +105,26 @@ def demo(config_path: str | None, scripted: bool, dataset: str, env_name: str, n
     if not Path(dataset).exists():
         raise click.ClickException(f"dataset {dataset} not found")
     server = None
-    if scripted:
-        from gymflow.testing.scripted_openai import ScriptedOpenAI, weather_responder
+    try:  # whatever fails from here on, a model server this command started is stopped
+        if scripted:
+            from gymflow.testing.scripted_openai import ScriptedOpenAI, weather_responder
 
-        server = ScriptedOpenAI(responder=weather_responder).start()
-        config_path = str(Path(settings.state_dir) / "demo-config.yaml")
-        settings = with_policy(settings, {"base_url": server.base_url, "model": "scripted-weather"},
-                               Path(config_path))
-    elif "policy" not in settings.models:
-        from gymflow.localmodel.resolve import DEFAULT_NAME
+            server = ScriptedOpenAI(responder=weather_responder).start()
+            config_path = str(Path(settings.state_dir) / "demo-config.yaml")
+            settings = with_policy(settings, {"base_url": server.base_url, "model": "scripted-weather"},
+                                   Path(config_path))
+        elif "policy" not in settings.models:
+            from gymflow.localmodel.resolve import DEFAULT_NAME
 
-        click.echo("no model configured: starting the local model (SmolLM2-135M-Instruct on CPU; ~20 s to load)")
-        server = start_local_model()
-        click.echo(f"local model: {server.base_url}")
-        config_path = str(Path(settings.state_dir) / "demo-config.yaml")
-        settings = with_policy(settings, local_policy(server.base_url, DEFAULT_NAME), Path(config_path),
-                               {"max_tokens": LOCAL_MAX_TOKENS})
-    else:
-        _preflight(settings.models["policy"])
-    try:
+            click.echo("no model configured: starting the local model (SmolLM2-135M-Instruct on CPU; ~20 s to "
+                       "load)")
+            server = start_local_model()
+            click.echo(f"local model: {server.base_url}")
+            config_path = str(Path(settings.state_dir) / "demo-config.yaml")
+            settings = with_policy(settings, local_policy(server.base_url, DEFAULT_NAME), Path(config_path),
+                                   {"max_tokens": LOCAL_MAX_TOKENS})
+        else:
+            _preflight(settings.models["policy"])
         _run_demo(settings, config_path, dataset, env_name, n)
     finally:
         if server:

@@ -35,4 +35,6 @@ def check_runtime() -> None:
     """Fail early, with the install command, when the `local` extra is missing."""
     missing = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ModelNotFound(f"the local model needs {', '.join(missing)}: run `pip install -e '.[local]'`")
+        raise ModelNotFound(f"the local model needs {', '.join(missing)}: run `pip install torch "
+                            "--index-url https://download.pytorch.org/whl/cpu` (a CPU build; a plain `pip install "
+                            "torch` may fetch a multi-GB CUDA one), then `pip install -e '.[local]'`")
