@@ -230,6 +230,8 @@ class EpisodeActivities:
             reply = [NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)]
             _check_episode_size(req, chain, reply)
             (head,) = await self._append(req.rollout_id, req.head_id, reply)
+            if not message.tool_calls:  # the episode's last generation: this worker will not read it again
+                self._chains.drop(req.rollout_id)
             return Generated(head_id=head, tool_calls=len(message.tool_calls or ()), finish_reason=finish,
                              usage=usage, attempt=attempt)
 
