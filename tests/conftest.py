@@ -160,22 +160,25 @@ async def gf(workers: None, stack: StackAddresses, settings: Settings) -> AsyncI
     await client.close()
 
 
+async def _client_running(settings: Settings, shape: str) -> AsyncIterator[GymflowClient]:
+    rollout = settings.rollout.model_copy(update={"workflow": shape})
+    client = await GymflowClient.connect(settings.model_copy(update={"rollout": rollout}))
+    yield client
+    await client.close()
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def ep(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
     """A client whose rollouts run the by-reference EpisodeWorkflow (`rollout.workflow: episode`)."""
-    by_reference = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "episode"})})
-    client = await GymflowClient.connect(by_reference)
-    yield client
-    await client.close()
+    async for client in _client_running(settings, "episode"):
+        yield client
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def classic(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
     """A client whose rollouts run the older RolloutWorkflow (`rollout.workflow: classic`): the episode in history."""
-    shape = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "classic"})})
-    client = await GymflowClient.connect(shape)
-    yield client
-    await client.close()
+    async for client in _client_running(settings, "classic"):
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.wire import ChatMessage, Task
@@ -39,3 +40,18 @@ def readable_history(history_json: str) -> str:
 
     walk(json.loads(history_json))
     return "\n".join(parts)
+
+
+class FakeJudge:
+    """A `ctx.chat` that answers from a script; an Exception in the script is raised instead."""
+
+    def __init__(self, *replies: str | Exception) -> None:
+        self.replies = list(replies)
+        self.calls: list[tuple[str, list[ChatMessage]]] = []
+
+    async def __call__(self, model: str, messages: Sequence[ChatMessage]) -> str:
+        self.calls.append((model, list(messages)))
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply

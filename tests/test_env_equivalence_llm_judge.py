@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.failures import CONFIG_ERROR, JUDGE_FAILED, JUDGE_UNAVAILABLE
 from gymflow.kernel.wire import ChatMessage, Task
+from tests.helpers import FakeJudge
 
 DATA = Path(__file__).parent / "data" / "nemo_gym" / "equivalence_llm_judge"
 ENV = "equivalence_llm_judge"
@@ -28,21 +28,6 @@ OPENQA = {**JUDGE, "check_twice_swap": True, "check_full_generation_on_fail": Tr
 
 def rows(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
-
-
-class FakeJudge:
-    """A `ctx.chat` answering from a script; an Exception in the script is raised instead."""
-
-    def __init__(self, *replies: str | Exception) -> None:
-        self.replies = list(replies)
-        self.calls: list[tuple[str, list[ChatMessage]]] = []
-
-    async def __call__(self, model: str, messages: Sequence[ChatMessage]) -> str:
-        self.calls.append((model, list(messages)))
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
 
 
 @pytest.fixture(scope="module")

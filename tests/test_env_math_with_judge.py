@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import math_verify  # noqa: F401  (imported here so forked checker processes start warm)
@@ -28,6 +28,7 @@ from gymflow.kernel.errors import GymflowError, VerifierError
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.kernel.wire import ChatMessage, Task
 from tests.conftest import SHARED
+from tests.helpers import FakeJudge
 
 DATA = SHARED / "math_with_judge"
 ROLLOUTS = [json.loads(line) for line in (DATA / "example_rollouts.jsonl").read_text().splitlines() if line.strip()]
@@ -43,21 +44,6 @@ def env() -> Iterator[MathWithJudgeEnvironment]:
                                    judge_backoff_s=0)
     yield env
     env.close()
-
-
-class FakeJudge:
-    """A `ctx.chat` that answers from a script; an Exception in the script is raised instead."""
-
-    def __init__(self, *replies: str | Exception) -> None:
-        self.replies = list(replies)
-        self.calls: list[tuple[str, list[ChatMessage]]] = []
-
-    async def __call__(self, model: str, messages: Sequence[ChatMessage]) -> str:
-        self.calls.append((model, list(messages)))
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
 
 
 def math_task(expected: str = "4", question: str = "What is 2+2?", **data: Any) -> Task:

@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gymflow.http_service import ThreadedHTTPService
 from gymflow.localmodel.engine import Engine, Generation, check_weights_dir, finite, load_model
 from gymflow.localmodel.request import BadRequest, ChatRequest, parse_request
 
@@ -124,37 +125,24 @@ def completion_body(engine_name: str, version: str, req: ChatRequest, gen: Gener
     return body
 
 
-class LocalModelServer:
+class LocalModelServer(ThreadedHTTPService):
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, queue_size: int = 256,
                  request_timeout_s: float = 600.0, max_batch: int = 8) -> None:
         self.engine = engine
         self.request_timeout_s = request_timeout_s
         self._worker = _Worker(queue_size, max_batch, self._run_batch)
         self._load_lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="localmodel-http", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        server = ThreadingHTTPServer((host, port), self._handler())
+        server.daemon_threads = True
+        self._serve(server, "localmodel-http")
 
     def start(self) -> LocalModelServer:
         self._worker.start()
-        self._thread.start()
-        return self
+        return super().start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().stop()
         self._worker.stop()
-
-    def __enter__(self) -> LocalModelServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def serve_forever(self) -> None:
         self._worker.start()

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 # The completion body shape is the scripted server's: one place decides what a completion looks like.
+from gymflow.http_service import ThreadedHTTPService
 from gymflow.testing.scripted_openai import Reply, _completion, text, tool_call
 
 ROLLOUT_HEADER = "x-gymflow-rollout"  # a per-rollout id, when the caller sends one (better than a prompt hash)
@@ -166,20 +167,14 @@ def conversation_key(headers: dict[str, str], body: dict[str, Any]) -> str:
     return hashlib.sha256(first_user_text(body).encode("utf-8", "replace")).hexdigest()[:16]
 
 
-class MockOpenAI:
+class MockOpenAI(ThreadedHTTPService):
     def __init__(self, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0) -> None:
         if latency_s < 0:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
         self.latency_s = latency_s
         self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
         self._lock = threading.Lock()
-        self._server = _Server((host, port), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        self._serve(_Server((host, port), self._handler()))
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         with self._lock:
@@ -254,22 +249,9 @@ class MockOpenAI:
 
         return Handler
 
-    def start(self) -> MockOpenAI:
-        self._thread.start()
-        return self
-
     def serve_forever(self) -> None:
         self._server.serve_forever()
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> MockOpenAI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class _Server(ThreadingHTTPServer):

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gymflow.http_service import ThreadedHTTPService
+
 
 @dataclass
 class Reply:
@@ -159,7 +161,7 @@ def _tokenize(completion: dict[str, Any], body: dict[str, Any], mode: str) -> No
                            "total_tokens": len(prompt) + len(gen)}
 
 
-class ScriptedOpenAI:
+class ScriptedOpenAI(ThreadedHTTPService):
     def __init__(self, host: str = "127.0.0.1", port: int = 0, default: Reply | None = None,
                  latency_s: float = 0.0, responder: Callable[[dict[str, Any]], Reply] | None = None,
                  tokenizer: str | None = None) -> None:
@@ -173,14 +175,9 @@ class ScriptedOpenAI:
         self._queue: deque[Reply] = deque()
         self._lock = threading.Lock()
         self.request_seen = threading.Event()
-        self._server = ThreadingHTTPServer((host, port), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        server = ThreadingHTTPServer((host, port), self._handler())
+        server.daemon_threads = True
+        self._serve(server)
 
     def script(self, *replies: Reply) -> None:
         with self._lock:
@@ -250,19 +247,6 @@ class ScriptedOpenAI:
 
         return Handler
 
-    def start(self) -> ScriptedOpenAI:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> ScriptedOpenAI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def weather_responder(body: dict[str, Any]) -> Reply:
