@@ -95,6 +95,8 @@ def heartbeat_every() -> float:
 async def heartbeating(work: Awaitable[T], *details: Any) -> T:
     """Await `work`, heartbeating meanwhile, so a dead worker is noticed at the heartbeat timeout rather than
     at start-to-close. Cancelling the activity cancels `work`."""
+    if activity.in_activity() and activity.info().is_local:  # no heartbeats: its workflow task is kept alive
+        return await work
     task = asyncio.ensure_future(work)
     every = heartbeat_every()
     try:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -40,7 +41,8 @@ from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, short_message
 from gymflow.kernel.store.episodes import (
     NewMessage,
     StoredMessage,
-    append_messages,
+    append_batch,
+    as_stored,
     latest_state,
     load_task,
     load_task_tools,
@@ -81,6 +83,9 @@ class EpisodeActivities:
     def __init__(self, sessions: async_sessionmaker, models: ModelClients,
                  env_options: dict[str, dict[str, Any]] | None = None, store_retry_s: float = STORE_RETRY_S) -> None:
         self._sessions = sessions
+        # Reads and single-statement writes need no transaction: autocommit saves BEGIN and COMMIT round trips.
+        self._autocommit = async_sessionmaker(sessions.kw["bind"].execution_options(isolation_level="AUTOCOMMIT"),
+                                              expire_on_commit=False)
         self._models = models
         self._env_options = env_options or {}
         self._judges = EnvActivities(sessions, models, env_options)  # the judge plumbing, shared
@@ -95,7 +100,7 @@ class EpisodeActivities:
         out: list[Any] = []
 
         async def attempt() -> None:
-            async with self._sessions() as session:
+            async with self._autocommit() as session:
                 out.append(await read(session))
 
         await retry_store(attempt, what, budget_s=self.store_retry_s)
@@ -135,26 +140,49 @@ class EpisodeActivities:
         """The episode up to `head_id`; only what was appended since this worker last read it comes from
         Postgres (activities/chain_cache.py)."""
         known = self._chains.get(rollout_id)
+        if known and known[-1].id == head_id:  # this worker wrote or read the head last: nothing to read
+            return list(known)
         chain = await self._read("reading the episode", lambda s: read_chain_after(s, head_id, known))
         self._chains.put(rollout_id, chain)
         return chain
 
-    async def _append(self, rollout_id: str, parent_id: int | None, messages: list[NewMessage]) -> list[int]:
+    async def _append(self, rollout_id: str, chain: list[StoredMessage], messages: list[NewMessage],
+                      also: Callable[[AsyncSession], Awaitable[None]] | None = None) -> tuple[list[int], bool]:
+        """Append `messages` after `chain` (the episode up to its head; [] for the first messages), and run `also`
+        in the same transaction. Returns their ids and whether they were written now (False: an earlier attempt's
+        batch, whose contents may differ). The chain this worker now holds is cached, so its next step here
+        reads nothing back."""
         producer, out = _producer(), []
+        parent = chain[-1] if chain else None
+        # One message and nothing else: a single INSERT (its conflict check is a read): no transaction needed.
+        single = len(messages) == 1 and also is None
 
         async def write() -> None:
-            async with self._sessions.begin() as session:
-                out.append(await append_messages(session, rollout_id=rollout_id, parent_id=parent_id,
-                                                 producer=producer, messages=messages))
+            async with self._autocommit() if single else self._sessions.begin() as session:
+                out.append(await append_batch(session, rollout_id=rollout_id, parent_id=parent.id if parent else None,
+                                              producer=producer, messages=messages))
+                if also is not None:
+                    await also(session)
 
         await retry_store(write, "appending to the episode", budget_s=self.store_retry_s)
-        return out[-1]
+        ids, fresh = out[-1]
+        if fresh:
+            self._chains.put(rollout_id, [*chain, *as_stored(ids, parent, messages)])
+        else:
+            self._chains.drop(rollout_id)
+        return ids, fresh
 
     async def _already_produced(self, rollout_id: str) -> list[StoredMessage]:
         """What an earlier attempt of this very activity stored (its completion was lost), oldest first. Nothing
-        on a first attempt: the producer key names this workflow run's activity, so no one else writes under it."""
-        if activity.info().attempt == 1:
+        on a first attempt of a (non-local) activity: the producer key names this workflow run's activity, so no one
+        else writes under it. A local activity starts again at attempt 1 when its workflow task is retried (the
+        worker died before recording its result), so a local generate always looks: a model call is worth a read."""
+        info = activity.info()
+        if info.attempt == 1 and not (info.is_local and info.activity_type == names.EPISODE_GENERATE):
             return []
+        return await self._produced_here(rollout_id)
+
+    async def _produced_here(self, rollout_id: str) -> list[StoredMessage]:
         producer = _producer()
         return await self._read("reading earlier attempts", lambda s: produced(s, rollout_id, producer))
 
@@ -175,24 +203,28 @@ class EpisodeActivities:
                 raise TaskError("the task has no prompt messages")
             new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
             new[-1] = NewMessage(role=new[-1].role, body=new[-1].body, state=dict(state))
-            ids = await self._append(req.rollout_id, None, new)
 
-            async def running() -> None:
-                async with self._sessions.begin() as session:
-                    # The generate pool offers these to the model without importing environment code.
-                    await save_task_tools(session, req.run_id, req.task_id, tools)
-                    await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
-                                               task_id=req.task_id, sample_index=req.sample_index, env=task.env,
-                                               model=req.model)
+            async def running(session: AsyncSession) -> None:
+                # The generate pool offers these to the model without importing environment code.
+                await save_task_tools(session, req.run_id, req.task_id, tools)
+                await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
+                                           task_id=req.task_id, sample_index=req.sample_index, env=task.env,
+                                           model=req.model)
 
-            await retry_store(running, "marking the rollout started", budget_s=self.store_retry_s)
+            ids, _ = await self._append(req.rollout_id, [], new, also=running)
+            self._task_tools[(req.run_id, req.task_id)] = tools
             return ids[-1]
 
     @activity.defn(name=names.EPISODE_GENERATE)
     async def generate(self, req: TurnRequest) -> Generated:
         with boundary(where=f"generate turn {req.turn}"):
-            attempt = activity.info().attempt
-            earlier = await self._already_produced(req.rollout_id)
+            info = activity.info()
+            attempt = info.attempt
+            known = self._chains.get(req.rollout_id)
+            # A local generate re-run after its workflow task was lost (the worker died) must not call the model
+            # again. Where this worker holds the episode exactly up to the head, it ran no generate after it.
+            ran_here = info.is_local and attempt == 1 and bool(known) and known[-1].id == req.head_id
+            earlier = [] if ran_here else await self._already_produced(req.rollout_id)
             if earlier:  # the model call was paid for and stored; only the completion was lost
                 return _generated(earlier[-1], attempt)
             cfg = self._models.config(req.model)
@@ -229,8 +261,10 @@ class EpisodeActivities:
                                                 None if cfg.recorded else reported_version(resp))}
             reply = [NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)]
             _check_episode_size(req, chain, reply)
-            (head,) = await self._append(req.rollout_id, req.head_id, reply)
-            if not message.tool_calls:  # the episode's last generation: this worker will not read it again
+            (head,), fresh = await self._append(req.rollout_id, chain, reply)
+            if not fresh:  # another attempt stored its reply first: that one is the episode's
+                return _generated((await self._produced_here(req.rollout_id))[-1], attempt)
+            if not message.tool_calls and not info.is_local:  # the last generation; finish runs elsewhere
                 self._chains.drop(req.rollout_id)
             return Generated(head_id=head, tool_calls=len(message.tool_calls or ()), finish_reason=finish,
                              usage=usage, attempt=attempt)
@@ -261,7 +295,10 @@ class EpisodeActivities:
             if not new:
                 raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
             _check_episode_size(req, chain, new)
-            ids = await self._append(req.rollout_id, req.head_id, new)
+            ids, fresh = await self._append(req.rollout_id, chain, new)
+            if not fresh:  # an earlier attempt's tool messages are the episode's
+                earlier = await self._produced_here(req.rollout_id)
+                return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
             return _tools_ran(ids[-1], [m.tokens or {} for m in new])
 
     async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall

@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--in-flight", type=int, default=200, help="rollouts in flight for the workloads and scaling")
     ap.add_argument("--workflow", choices=("classic", "episode"), default=DEFAULT_WORKFLOW,
                     help=f"rollout workflow shape (default: gymflow's own default, {DEFAULT_WORKFLOW})")
+    ap.add_argument("--generate", choices=("pool", "local"), default="pool",
+                    help="where generation runs: the generate pool, or local activities in the workflow pool "
+                         "(models.<name>.placement)")
+    ap.add_argument("--workflow-procs", type=int, default=1, help="processes in the workflow pool")
     ap.add_argument("--overhead-n", type=int, default=20)
     ap.add_argument("--latency", type=float, default=1.0, help="model latency of the latency curve, s")
     ap.add_argument("--curve", type=_positive_ints, default=[100, 400, 1000], help="in-flight counts, e.g. 100,400")
@@ -87,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.scale = args.scale or (1000 if args.quick else 5000)
     args.window = args.window or (200 if args.quick else 1000)
     args.curve_cap_s = args.curve_cap_s or (30.0 if args.quick else 120.0)
-    for name in ("n", "in_flight", "overhead_n", "scale", "window"):
+    for name in ("n", "in_flight", "overhead_n", "scale", "window", "workflow_procs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.latency <= 0:
@@ -98,7 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
     cmd = args.command
     concurrency = max(args.in_flight, *(args.curve if cmd in ("all", "curve") else [1])) + 8
-    bench = await start_stack(slow_latency_s=args.latency, concurrency=concurrency)
+    bench = await start_stack(slow_latency_s=args.latency, concurrency=concurrency, generate=args.generate,
+                              workflow_procs=args.workflow_procs)
     notes = results["meta"]["notes"]
     try:
         if cmd in ("all", *WORKLOADS):
@@ -144,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python -m bench",
                                                                                         *(argv or sys.argv[1:])]),
         "cores": os.cpu_count(), "load_at_start": ", ".join(f"{v:.1f}" for v in os.getloadavg()),
-        "commit": _commit(), "quick": args.quick, "workflow": args.workflow, "notes": []}}
+        "commit": _commit(), "quick": args.quick, "workflow": args.workflow,
+        "generate": args.generate, "workflow_procs": args.workflow_procs, "notes": []}}
     if args.quick:
         results["meta"]["notes"].append("--quick: small N; a check of the harness, not a result")
     started = time.monotonic()

@@ -69,7 +69,7 @@ class MemorySampler:
     """Peak RSS per named process tree, sampled every `interval_s` on a thread, with a marker to read the latest
     sample from (the scaling run reads RSS per window)."""
 
-    def __init__(self, pids: dict[str, tuple[int, bool]], interval_s: float = 0.5) -> None:
+    def __init__(self, pids: dict[str, tuple[tuple[int, ...], bool]], interval_s: float = 0.5) -> None:
         self.pids, self.interval_s = pids, interval_s
         self.peak: dict[str, int] = {k: 0 for k in pids}
         self.latest: dict[str, int] = {k: 0 for k in pids}
@@ -77,9 +77,9 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rss-sampler")
 
     def sample(self) -> dict[str, int]:
-        for name, (pid, desc) in self.pids.items():
+        for name, (pids, desc) in self.pids.items():
             try:
-                rss = tree_rss(pid, desc)
+                rss = sum(tree_rss(pid, desc) for pid in pids)
             except psutil.NoSuchProcess:
                 continue
             self.latest[name] = rss
@@ -112,13 +112,13 @@ class BenchStack:
     client: GymflowClient
     database_url: str
     mock_urls: dict[str, str]
-    pids: dict[str, tuple[int, bool]]  # name -> (pid, count descendants)
+    pids: dict[str, tuple[tuple[int, ...], bool]]  # name -> (its processes, count descendants)
     sampler: MemorySampler
     procs: list[subprocess.Popen] = field(default_factory=list)
     stack: LocalStack | None = None
 
     def cpu(self) -> dict[str, float]:
-        return {k: tree_cpu_seconds(pid, desc) for k, (pid, desc) in self.pids.items()}
+        return {k: sum(tree_cpu_seconds(pid, desc) for pid in pids) for k, (pids, desc) in self.pids.items()}
 
     def mock_stats(self, model: str, reset: bool = False) -> list[dict[str, Any]]:
         root = self.mock_urls[model].removesuffix("/v1")
@@ -153,8 +153,11 @@ def _mock(port: int, latency: float) -> subprocess.Popen:
                              "--latency", str(latency)], stdout=subprocess.DEVNULL)
 
 
-async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path | None = None) -> BenchStack:
-    """Start everything; `concurrency` bounds rollouts in flight (workflow tasks, generate slots, model calls)."""
+async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path | None = None,
+                      generate: str = "pool", workflow_procs: int = 1) -> BenchStack:
+    """Start everything; `concurrency` bounds rollouts in flight (workflow tasks, generate slots, model calls).
+    `generate`: the models' placement ('pool': the generate pool calls them; 'local': the workflow pool does).
+    `workflow_procs`: processes of the workflow pool (each gets `concurrency`; the CPU and memory are summed)."""
     work = Path(tempfile.mkdtemp(prefix="gymflow-bench-"))
     os.chmod(work, 0o755)
     procs: list[subprocess.Popen] = []
@@ -168,25 +171,29 @@ async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path 
         config = work / "gymflow.yaml"
         config.write_text(yaml.safe_dump({
             "temporal": {"address": addr.temporal_address}, "database": {"url": addr.database_url},
-            "models": {m: {"base_url": u, "model": m, "concurrency": concurrency} for m, u in urls.items()},
+            "models": {m: {"base_url": u, "model": m, "concurrency": concurrency, "placement": generate}
+                       for m, u in urls.items()},
             "pools": {"generate": {"concurrency": concurrency}, "env": {"concurrency": 64},
                       "workflows": {"concurrency": concurrency}},
         }))
         logs = log_dir or work
+        pool_pids: dict[str, list[int]] = {p: [] for p in POOLS}
         for pool in POOLS:
-            out = (logs / f"pool-{pool}.log").open("ab")
-            procs.append(subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", pool,
-                                           "--config", str(config)], stdout=out, stderr=subprocess.STDOUT))
+            for i in range(workflow_procs if pool == "workflows" else 1):
+                out = (logs / f"pool-{pool}-{i}.log").open("ab")
+                procs.append(subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", pool,
+                                               "--config", str(config)], stdout=out, stderr=subprocess.STDOUT))
+                pool_pids[pool].append(procs[-1].pid)
         for port in ports.values():
             wait_for_port("127.0.0.1", port, STARTUP_S, procs[0])
         settings = load_settings(config, env={})
         client = await GymflowClient.connect(settings)
         assert stack._temporal is not None  # noqa: SLF001 - the bench owns the stack
-        pids = {"temporal": (stack._temporal.pid, True),  # noqa: SLF001
-                "postgres": (_postmaster_pid(work / "state" / "postgres"), True),
-                **{f"pool {p}": (proc.pid, True) for p, proc in zip(POOLS, procs[2:], strict=True)},
-                "client": (os.getpid(), False),
-                "mock": (procs[0].pid, False), "mock slow": (procs[1].pid, False)}
+        pids = {"temporal": ((stack._temporal.pid,), True),  # noqa: SLF001
+                "postgres": ((_postmaster_pid(work / "state" / "postgres"),), True),
+                **{f"pool {p}": (tuple(ps), True) for p, ps in pool_pids.items()},
+                "client": ((os.getpid(),), False),
+                "mock": ((procs[0].pid,), False), "mock slow": ((procs[1].pid,), False)}
         sampler = MemorySampler(pids).start()
         await asyncio.sleep(3)  # let the pools start polling, so the clocks measure steady state
         return BenchStack(work, settings, client, addr.database_url, urls, pids, sampler, procs, stack)

@@ -271,6 +271,12 @@ class GymflowClient:
             await self._with_store(write, f"storing the tasks of run {run_id}")
             self._stored_tasks.update((run_id, t.id) for t in chunk)
 
+    def generate_placement(self, model: str) -> Placement:
+        """Where `model`'s generate steps run: `models.<model>.placement` ('pool' for a model not configured here:
+        the generate pool then says it does not know it)."""
+        cfg = self.settings.models.get(model)
+        return cfg.placement if cfg is not None else "pool"
+
     def placement(self, env: str) -> Placement:
         """Where `env`'s setup, tool calls and verify run: `environments.<env>.placement` in the config, else the
         environment's own default (environments/base.py)."""
@@ -287,8 +293,9 @@ class GymflowClient:
         by_reference = self.settings.rollout.workflow == "episode"
         if by_reference:
             await self.store_tasks(inp.run_id, [inp.task])
-        workflow, arg = ((names.EPISODE_WORKFLOW, episode_input(inp, self.placement(inp.task.env))) if by_reference
-                         else (names.ROLLOUT_WORKFLOW, inp))
+        workflow, arg = ((names.EPISODE_WORKFLOW, episode_input(inp, self.placement(inp.task.env),
+                                                                self.generate_placement(inp.model)))
+                         if by_reference else (names.ROLLOUT_WORKFLOW, inp))
 
         def start() -> Awaitable[WorkflowHandle[Any, RolloutSummary]]:
             return self.temporal.start_workflow(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -119,6 +120,7 @@ class LocalStack:
                "--db-filename", str(self.state_dir / "temporal.db"),
                "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
                "--log-level", "error"]
+        cmd += os.environ.get("GYMFLOW_TEMPORAL_EXTRA", "").split()
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         cmd += ["--headless"] if self._headless else ["--ui-port", str(self._ui_port)]

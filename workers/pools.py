@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Literal
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from gymflow.kernel import names
@@ -33,10 +33,12 @@ class PoolWorkers:
             await close()
 
 
-def workflow_runner() -> SandboxedWorkflowRunner:
+def workflow_runner() -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
     """The workflow sandbox with every import passed through: modules load once per process instead of once per
     workflow run (a large share of the workflow pool's CPU per rollout, docs/benchmarks.md). Determinism checks
     on calls (time, randomness, I/O) still apply; workflow modules keep no module-level state."""
+    if os.environ.get("GYMFLOW_SANDBOX", "1") == "0":
+        return UnsandboxedWorkflowRunner()
     if os.environ.get("GYMFLOW_SANDBOX_PASSTHROUGH", "1") == "0":  # the SDK's default, to measure the lever
         return SandboxedWorkflowRunner()
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
@@ -55,11 +57,15 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     models = ModelClients(settings.models)
     out.closers.append(models.close)
     local = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+    concurrency = settings.pools.workflows.concurrency
+    # A workflow task stays open while its local activities run: with generation local (models.<name>.placement)
+    # each rollout in flight holds a task slot for its model calls, so the slots must cover every rollout.
+    tasks = concurrency if any(m.placement == "local" for m in settings.models.values()) else min(concurrency, 200)
     return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[RolloutWorkflow, EpisodeWorkflow],
-                  activities=[local.begin, local.run_tools, local.finish],
-                  max_concurrent_workflow_tasks=min(settings.pools.workflows.concurrency, 200),
-                  max_cached_workflows=max(settings.pools.workflows.concurrency, 100),
-                  max_concurrent_local_activities=min(settings.pools.workflows.concurrency, 200),
+                  activities=[local.begin, local.generate, local.run_tools, local.finish],
+                  max_concurrent_workflow_tasks=tasks,
+                  max_cached_workflows=max(concurrency, 100),
+                  max_concurrent_local_activities=tasks,
                   # Nothing schedules (non-local) activities on this queue: one poller is enough.
                   max_concurrent_activity_task_polls=1,
                   workflow_runner=workflow_runner(),

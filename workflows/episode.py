@@ -81,6 +81,7 @@ class EpisodeWorkflow:
 
     async def _turns(self, inp: EpisodeInput) -> None:
         gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
+        local_gen_opts = local_activity_options(inp.limits.generate)
         turns_here = 0
         while (ep := self._episode) is not None and ep.turn < inp.max_turns:
             if turns_here and should_continue_as_new(inp.turns_per_run, turns_here):
@@ -90,7 +91,12 @@ class EpisodeWorkflow:
             turn = TurnRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, model=inp.model,
                                turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling,
                                max_episode_bytes=inp.limits.max_episode_bytes)
-            gen = await workflow.execute_activity(names.EPISODE_GENERATE, turn, result_type=Generated, **gen_opts)
+            if inp.generate_placement == "local":  # this pool calls the model (models.<name>.placement)
+                gen = await workflow.execute_local_activity(names.EPISODE_GENERATE, turn, result_type=Generated,
+                                                            **local_gen_opts)
+            else:
+                gen = await workflow.execute_activity(names.EPISODE_GENERATE, turn, result_type=Generated,
+                                                      **gen_opts)
             ep = self._episode = ep.model_copy(update={
                 "head_id": gen.head_id, "turn": ep.turn + 1, "usage": ep.usage + gen.usage,
                 "attempts": ep.attempts + gen.attempt})

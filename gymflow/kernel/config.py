@@ -34,6 +34,11 @@ class ModelConfig(_Section):
     logprobs: bool = False
     return_token_ids: bool = Field(False, description="vLLM: ask for prompt and generation token ids")
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    placement: Literal["pool", "local"] = Field(
+        "pool", description="Where the episode workflow's generate step runs: 'pool', an activity on the model's "
+                            "generate queue (the generate pool; heartbeats, any duration); 'local', a local activity "
+                            "in the workflow pool, which then calls the endpoint itself (fewer state transitions "
+                            "and no queue hop per turn; for replies that take seconds, not minutes)")
 
     @field_validator("api_key_env")
     @classmethod

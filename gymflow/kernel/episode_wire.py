@@ -42,6 +42,9 @@ class EpisodeInput(Wire):
     placement: Literal["local", "pool"] = Field(
         "pool", description="Where begin, run_tools and finish run: local activities in the workflow pool, or "
                             "activities on the env pool (environments/base.py `placement`)")
+    generate_placement: Literal["local", "pool"] = Field(
+        "pool", description="Where generate runs: a local activity in the workflow pool, or an activity on the "
+                            "model's generate queue (models.<name>.placement)")
 
     @property
     def rollout_id(self) -> str:
@@ -101,10 +104,12 @@ class Finished(Wire):
     failure_type: str | None = None
 
 
-def episode_input(inp: RolloutInput, placement: Literal["local", "pool"] = "pool") -> EpisodeInput:
+def episode_input(inp: RolloutInput, placement: Literal["local", "pool"] = "pool",
+                  generate_placement: Literal["local", "pool"] = "pool") -> EpisodeInput:
     """The by-reference input for a rollout the client describes with its task (which it stores first). The
     run's sampling settings override the row's, as in the classic workflow."""
     sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
     return EpisodeInput(run_id=inp.run_id, task_id=inp.task.id, env=inp.task.env, sample_index=inp.sample_index,
                         model=inp.model, sampling=sampling, max_turns=inp.max_turns, limits=inp.limits,
-                        turns_per_run=inp.turns_per_run, placement=placement)
+                        turns_per_run=inp.turns_per_run, placement=placement,
+                        generate_placement=generate_placement)

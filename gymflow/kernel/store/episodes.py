@@ -8,6 +8,7 @@ copy. Rows reachable from no accepted head (a zombie's, a reset run's) are simpl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,14 @@ async def append_messages(session: AsyncSession, *, rollout_id: str, parent_id: 
     Idempotent per (rollout, producer): when the producer already wrote its batch, that batch's ids come back
     and nothing is written. Run it in its own transaction so a conflict is seen, not half-applied. One round trip
     per message: each insert takes its position from its parent's row, which must belong to the rollout."""
+    return (await append_batch(session, rollout_id=rollout_id, parent_id=parent_id, producer=producer,
+                               messages=messages))[0]
+
+
+async def append_batch(session: AsyncSession, *, rollout_id: str, parent_id: int | None, producer: str,
+                       messages: Sequence[NewMessage]) -> tuple[list[int], bool]:
+    """`append_messages`, and whether `messages` were written (False: the producer's earlier batch came back,
+    whose contents may differ from `messages`)."""
     if not messages:
         raise ValueError("append_messages: nothing to append")
     ids: list[int] = []
@@ -96,11 +105,37 @@ async def append_messages(session: AsyncSession, *, rollout_id: str, parent_id: 
         if new_id is None:
             existing = await _produced(session, rollout_id, producer)
             if existing:  # this producer already wrote (a retry, or a concurrent attempt that won): its batch
-                return existing
+                return existing, False
             raise LookupError(f"message {previous} is not part of rollout {rollout_id!r}")
         ids.append(new_id)
         previous = new_id
-    return ids
+    return ids, True
+
+
+def as_stored(ids: Sequence[int], parent: StoredMessage | None, messages: Sequence[NewMessage]
+              ) -> list[StoredMessage]:
+    """The rows `append_batch` just wrote for `messages` after `parent`, as `read_chain` would return them: values
+    as JSON stores them (NULs replaced, tuples as lists) and the state's keys in jsonb's order (shorter first),
+    which tools that iterate over the state see. Lets a writer keep its chain without reading it back."""
+    out: list[StoredMessage] = []
+    position = parent.position + 1 if parent is not None else 0
+    previous = parent.id if parent is not None else None
+    for new_id, msg in zip(ids, messages, strict=True):
+        state = None if msg.state is None else _jsonb_order(json.loads(json.dumps(storable(msg.state))))
+        tokens = None if msg.tokens is None else json.loads(json.dumps(msg.tokens))
+        out.append(StoredMessage(new_id, previous, position, msg.role, json.loads(json.dumps(storable(msg.body))),
+                                 state, tokens))
+        previous, position = new_id, position + 1
+    return out
+
+
+def _jsonb_order(value: Any) -> Any:
+    """Objects with their keys in the order jsonb keeps them: by length in bytes, then bytewise."""
+    if isinstance(value, dict):
+        return {k: _jsonb_order(value[k]) for k in sorted(value, key=lambda k: (len(k.encode()), k.encode()))}
+    if isinstance(value, list):
+        return [_jsonb_order(v) for v in value]
+    return value
 
 
 async def produced(session: AsyncSession, rollout_id: str, producer: str) -> list[StoredMessage]:
