@@ -18,6 +18,7 @@ import copy
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -312,6 +313,9 @@ class EpisodeActivities:
     async def finish(self, req: FinishRequest) -> Finished:
         with boundary():
             summary = req.summary
+            if req.started_at is not None:
+                summary = summary.model_copy(update={"latency_s": round(
+                    (datetime.now(UTC) - req.started_at).total_seconds(), 4)})
             chain = await self._chain(summary.rollout_id, req.head_id) if req.head_id is not None else []
             score = await self._verify(req, chain) if req.verify else None
             if score is not None:
@@ -328,7 +332,8 @@ class EpisodeActivities:
             await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
             self._chains.drop(summary.rollout_id)
             metrics.rollout_finished(record)
-            return Finished(reward=summary.reward, masked=summary.masked, failure_type=summary.failure_type)
+            return Finished(reward=summary.reward, masked=summary.masked, failure_type=summary.failure_type,
+                            latency_s=summary.latency_s if req.started_at is not None else None)
 
     async def _verify(self, req: FinishRequest, chain: list[StoredMessage]) -> Score:
         task = await self._task(req.summary.run_id, req.summary.task_id)

@@ -24,6 +24,8 @@ from bench.workloads import (
 from gymflow.client import GymflowClient
 from gymflow.kernel.store.db import make_engine
 
+WARMUP = 40
+
 
 def _tag(name: str) -> str:
     return f"bench-{name}-{time.strftime('%H%M%S')}-{time.monotonic_ns() % 10**6}"
@@ -43,11 +45,15 @@ async def _client(bench: BenchStack, workflow: str) -> GymflowClient:
 
 
 async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, workflow: str) -> dict[str, Any]:
-    """Rate, CPU per process, latency, transitions, history bytes and peak memory for `n` rollouts."""
+    """Rate, CPU per process, latency, transitions, history bytes and peak memory for `n` rollouts, after an
+    unmeasured warm-up (WARMUP rollouts of the workload): one-off costs such as spawning the math checker
+    processes or opening connection pools are paid once per worker process, not per rollout."""
     client = await _client(bench, workflow)
     run_id = _tag(name)
-    bench.sampler.reset_peaks()
     try:
+        warm = _tag(f"{name}-warmup")
+        await collect(bench, client, tasks_for(name, WARMUP, warm), run_id=warm, model=FAST, in_flight=WARMUP)
+        bench.sampler.reset_peaks()
         got = await collect(bench, client, tasks_for(name, n, run_id), run_id=run_id, model=FAST,
                             in_flight=in_flight, on_done=_progress(name, n))
         peak = {k: v / 2**20 for k, v in bench.sampler.peak.items()}

@@ -33,15 +33,25 @@ class PoolWorkers:
             await close()
 
 
+WORKFLOW_SANDBOX_ENV = "GYMFLOW_WORKFLOW_SANDBOX"
+
+
 def workflow_runner() -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
-    """The workflow sandbox with every import passed through: modules load once per process instead of once per
-    workflow run (a large share of the workflow pool's CPU per rollout, docs/benchmarks.md). Determinism checks
-    on calls (time, randomness, I/O) still apply; workflow modules keep no module-level state."""
-    if os.environ.get("GYMFLOW_SANDBOX", "1") == "0":
+    """How workflow code runs in this pool, from $GYMFLOW_WORKFLOW_SANDBOX:
+
+    - `off` (default): unsandboxed, the cheapest (docs/benchmarks.md: ~5 ms of CPU per rollout less than
+      `passthrough`). Determinism is checked where it is cheap to: the replay tests run every recorded history
+      through the SDK's strict sandbox, and workflow modules import only wire types and keep no state.
+    - `passthrough`: the sandbox's call checks (time, randomness, I/O) with every import passed through.
+    - `strict`: the SDK's default sandbox, which re-imports the workflow modules for every run."""
+    mode = os.environ.get(WORKFLOW_SANDBOX_ENV, "off")
+    if mode == "off":
         return UnsandboxedWorkflowRunner()
-    if os.environ.get("GYMFLOW_SANDBOX_PASSTHROUGH", "1") == "0":  # the SDK's default, to measure the lever
+    if mode == "strict":
         return SandboxedWorkflowRunner()
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
+    if mode == "passthrough":
+        return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_all_modules())
+    raise ConfigError(f"${WORKFLOW_SANDBOX_ENV}={mode!r}: one of off, passthrough, strict")
 
 
 def _workflow_worker(client: Client, settings: Settings, database_url: str, out: PoolWorkers) -> Worker:

@@ -121,7 +121,7 @@ class EpisodeWorkflow:
             latency_s=(workflow.now() - started).total_seconds())
         self._enter("verify" if failure is None else "persist")
         request = FinishRequest(summary=summary, env=inp.env, model=inp.model, head_id=ep.head_id if ep else None,
-                                verify=failure is None)
+                                verify=failure is None, started_at=started)
         try:
             try:
                 done = await self._on_env(inp, names.EPISODE_FINISH, request, Finished)
@@ -141,7 +141,9 @@ class EpisodeWorkflow:
             kind, message = failure_of(err)
             raise ApplicationError(message, type=kind, non_retryable=True) from None
         summary = summary.model_copy(update={"reward": done.reward, "masked": done.masked,
-                                             "failure_type": done.failure_type})
+                                             "failure_type": done.failure_type,
+                                             "latency_s": summary.latency_s if done.latency_s is None
+                                             else done.latency_s})
         updates = [names.SA_STATUS.value_set("masked" if summary.masked else summary.status)]
         if summary.reward is not None:
             updates.append(names.SA_REWARD.value_set(summary.reward))

@@ -96,12 +96,16 @@ class FinishRequest(Wire):
     model: str
     head_id: int | None
     verify: bool
+    # The latency is measured here, by the clock: workflow time stands still within one workflow task, and with
+    # generation local a whole episode can be one workflow task. None in histories recorded before.
+    started_at: datetime | None = None
 
 
 class Finished(Wire):
     reward: float | None = None
     masked: bool = False
     failure_type: str | None = None
+    latency_s: float | None = None  # when the request had started_at
 
 
 def episode_input(inp: RolloutInput, placement: Literal["local", "pool"] = "pool",

@@ -59,7 +59,7 @@ async def load_task(session: AsyncSession, run_id: str, task_id: str) -> Task | 
 
 async def save_task_tools(session: AsyncSession, run_id: str, task_id: str, tools: Sequence[ToolSpec]) -> None:
     """Record the tool schemas the task's environment offers (written once; the first writer wins)."""
-    await session.execute(sa.update(TaskRow).where(
+    await session.execute(sa.update(TaskRow.__table__).where(
         TaskRow.run_id == run_id, TaskRow.task_id == task_id, TaskRow.tools.is_(None)
     ).values(tools=storable([t.model_dump(mode="json") for t in tools])))
 
@@ -92,16 +92,7 @@ async def append_batch(session: AsyncSession, *, rollout_id: str, parent_id: int
     for index, msg in enumerate(messages):
         values = {"rollout_id": rollout_id, "parent_id": previous, "producer": producer, "producer_index": index,
                   "role": msg.role, "body": storable(msg.body), "state": storable(msg.state), "tokens": msg.tokens}
-        if previous is None:
-            stmt = insert(MessageRow).values(position=0, **values)
-        else:
-            parent = sa.select(*[sa.literal(v, type_=MessageRow.__table__.c[k].type).label(k)
-                                 for k, v in values.items()],
-                               (MessageRow.position + 1).label("position")).where(
-                MessageRow.id == previous, MessageRow.rollout_id == rollout_id)
-            stmt = insert(MessageRow).from_select([*values, "position"], parent)
-        new_id = await session.scalar(stmt.on_conflict_do_nothing(constraint="messages_producer_key")
-                                      .returning(MessageRow.id))
+        new_id = await session.scalar(_APPEND_FIRST if previous is None else _APPEND_AFTER, values)
         if new_id is None:
             existing = await _produced(session, rollout_id, producer)
             if existing:  # this producer already wrote (a retry, or a concurrent attempt that won): its batch
@@ -110,6 +101,22 @@ async def append_batch(session: AsyncSession, *, rollout_id: str, parent_id: int
         ids.append(new_id)
         previous = new_id
     return ids, True
+
+
+# Plain SQL (one statement each, compiled once): the hot path of every turn. The position comes from the parent
+# row, which must belong to the rollout; a producer's second write of the same index does nothing.
+_APPEND_COLUMNS = "rollout_id, parent_id, producer, producer_index, role, body, state, tokens, position"
+_APPEND_VALUES = ":rollout_id, :parent_id, :producer, :producer_index, :role, :body, :state, :tokens"
+_APPEND_TYPES = [sa.bindparam(c, type_=MessageRow.__table__.c[c].type) for c in ("body", "state", "tokens")]
+_APPEND_FIRST = sa.text(f"""
+INSERT INTO messages ({_APPEND_COLUMNS}) VALUES ({_APPEND_VALUES}, 0)
+ON CONFLICT ON CONSTRAINT messages_producer_key DO NOTHING RETURNING id
+""").bindparams(*_APPEND_TYPES)
+_APPEND_AFTER = sa.text(f"""
+INSERT INTO messages ({_APPEND_COLUMNS})
+SELECT {_APPEND_VALUES}, p.position + 1 FROM messages p WHERE p.id = :parent_id AND p.rollout_id = :rollout_id
+ON CONFLICT ON CONSTRAINT messages_producer_key DO NOTHING RETURNING id
+""").bindparams(*_APPEND_TYPES)
 
 
 def as_stored(ids: Sequence[int], parent: StoredMessage | None, messages: Sequence[NewMessage]
@@ -206,18 +213,21 @@ def latest_state(chain: Sequence[StoredMessage]) -> dict[str, Any]:
 
 async def rewrite_generations(session: AsyncSession, rollout_id: str, chain: list[StoredMessage]) -> None:
     """`generations` holds exactly the accepted chain's turns: stale turns of earlier runs go."""
-    await session.execute(sa.delete(Generation).where(Generation.rollout_id == rollout_id))
-    turn = 0
+    table = Generation.__table__
+    await session.execute(sa.delete(table).where(table.c.rollout_id == rollout_id))
+    rows = []
     for m in chain:
         if m.role != "assistant" or m.tokens is None:
             continue
         meta = m.tokens
         usage = meta.get("usage") or {}
-        session.add(Generation(
-            rollout_id=rollout_id, turn=turn, attempt=int(meta.get("attempt") or 1), model=str(meta.get("model", "")),
-            finish_reason=meta.get("finish_reason"), prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0), latency_s=meta.get("latency_s"),
-            message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
+        rows.append(dict(
+            rollout_id=rollout_id, turn=len(rows), attempt=int(meta.get("attempt") or 1),
+            model=str(meta.get("model", "")), finish_reason=meta.get("finish_reason"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            latency_s=meta.get("latency_s"), message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
             generation_token_ids=meta.get("generation_token_ids"),
             generation_log_probs=meta.get("generation_log_probs"), policy_version=meta.get("policy_version")))
-        turn += 1
+    if rows:  # Core, not ORM objects: one multi-row INSERT
+        await session.execute(sa.insert(table), rows)
