@@ -6,14 +6,18 @@ from __future__ import annotations
 import ast
 import re
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import sqlalchemy.exc as sa_exc
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
 from activities.boundary import boundary, classify
+from gymflow.client import GymflowClient
 from gymflow.kernel import errors, failures
+from gymflow.kernel.config import Settings
 from gymflow.kernel.errors import GymflowError, TaskError
 from gymflow.kernel.failures import FAILURE_TYPES, MAX_MESSAGE_CHARS
 from gymflow.kernel.wire import ChatMessage, RolloutInput, Task
@@ -27,7 +31,7 @@ from gymflow.testing.scripted_openai import (
     tool_call,
 )
 from tests.conftest import ROOT
-from tests.faulty_env import TRACEBACK_TEXT, faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
+from tests.faulty_env import NAME, TRACEBACK_TEXT, faulty_env, faulty_task  # noqa: F401 - faulty_env: a fixture
 from tests.helpers import user_task
 from workflows.rollout import failure_of
 
@@ -259,8 +263,29 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_each_failure_type_is_recorded_typed_and_short(gf, scripted, sql, faulty_env, case):  # noqa: F811
+    await _recorded_typed_and_short(gf, scripted, sql, case, RUN_ID)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def all_local(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
+    """Every step in the workflow pool: generation and the test environment placed "local". The SDK raises a
+    local activity's failure differently from a queued one's; the record must not tell them apart."""
+    models = {name: cfg.model_copy(update={"placement": "local"}) for name, cfg in settings.models.items()}
+    envs = {**settings.environments, NAME: {"placement": "local"}}
+    client = await GymflowClient.connect(settings.model_copy(update={"models": models, "environments": envs}))
+    yield client
+    await client.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_each_failure_type_is_recorded_typed_when_every_step_is_local(all_local, scripted, sql,
+                                                                           faulty_env, case):  # noqa: F811
+    await _recorded_typed_and_short(all_local, scripted, sql, case, RUN_ID + "-local")
+
+
+async def _recorded_typed_and_short(gf: GymflowClient, scripted, sql, case: str, run_id: str) -> None:  # noqa: ANN001
     expected, build = CASES[case]
-    inp = build(gf, scripted, RUN_ID)
+    inp = build(gf, scripted, run_id)
     summary = await gf.run_rollout(inp)
     rows = sql("SELECT status, masked, reward, failure_type, failure_message FROM rollouts WHERE id = %s",
                inp.rollout_id)

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from gymflow.kernel import names
@@ -30,6 +30,18 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout import activity_options, failure_of, local_activity_options, should_continue_as_new
 
 R = TypeVar("R")
+
+
+async def _local_activity(name: str, arg: Any, result_type: type[R], limits: ActivityLimits) -> R:
+    """A local activity, its failure raised as ActivityError like a queued activity's: the SDK raises a local
+    activity's own failure (ApplicationError, TimeoutError) unwrapped, and every step's failure must reach the
+    same handling (recorded with its transcript, typed), wherever the step ran."""
+    try:
+        return await workflow.execute_local_activity(name, arg, result_type=result_type,
+                                                     **local_activity_options(limits))
+    except (ApplicationError, TimeoutError) as err:
+        raise ActivityError(err.message, scheduled_event_id=0, started_event_id=0, identity="", activity_type=name,
+                            activity_id="", retry_state=None) from err
 
 
 @workflow.defn(name=names.EPISODE_WORKFLOW)
@@ -66,8 +78,7 @@ class EpisodeWorkflow:
         queue round trip: fewer transitions), else an activity on the env pool. Same timeouts and retries."""
         limits = limits or inp.limits.env
         if inp.placement == "local":
-            return await workflow.execute_local_activity(name, arg, result_type=result_type,
-                                                         **local_activity_options(limits))
+            return await _local_activity(name, arg, result_type, limits)
         return await workflow.execute_activity(name, arg, result_type=result_type,
                                                **activity_options(limits, names.ENV_QUEUE))
 
@@ -81,7 +92,6 @@ class EpisodeWorkflow:
 
     async def _turns(self, inp: EpisodeInput) -> None:
         gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
-        local_gen_opts = local_activity_options(inp.limits.generate)
         turns_here = 0
         while (ep := self._episode) is not None and ep.turn < inp.max_turns:
             if turns_here and should_continue_as_new(inp.turns_per_run, turns_here):
@@ -92,8 +102,7 @@ class EpisodeWorkflow:
                                turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling,
                                max_episode_bytes=inp.limits.max_episode_bytes)
             if inp.generate_placement == "local":  # this pool calls the model (models.<name>.placement)
-                gen = await workflow.execute_local_activity(names.EPISODE_GENERATE, turn, result_type=Generated,
-                                                            **local_gen_opts)
+                gen = await _local_activity(names.EPISODE_GENERATE, turn, Generated, inp.limits.generate)
             else:
                 gen = await workflow.execute_activity(names.EPISODE_GENERATE, turn, result_type=Generated,
                                                       **gen_opts)

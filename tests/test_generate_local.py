@@ -1,0 +1,132 @@
+"""Generation placed "local" (models.<name>.placement): the workflow pool calls the model itself, as a local
+activity, so a whole episode can be one workflow task.
+
+Through the real stack (Temporal dev server, Postgres, the scripted OpenAI-compatible server): the episode is
+the same as with the generate pool, its history holds markers instead of activity tasks, the latency is measured
+by the clock, failures are typed, and a generate re-run after its workflow task was lost (the worker died before
+recording the result) answers from Postgres instead of calling the model again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import ActivityEnvironment
+
+from activities.episode import EpisodeActivities
+from activities.model_client import ModelClients
+from gymflow.client import GymflowClient
+from gymflow.kernel import names
+from gymflow.kernel.config import Settings
+from gymflow.kernel.episode_wire import BeginRequest, TurnRequest
+from gymflow.kernel.store.db import make_engine, make_sessionmaker
+from gymflow.kernel.wire import SamplingParams
+from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
+from tests.helpers import weather_task
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def local_gen(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
+    """A client whose episodes generate in the workflow pool (every model placed "local")."""
+    models = {name: cfg.model_copy(update={"placement": "local"}) for name, cfg in settings.models.items()}
+    rollout = settings.rollout.model_copy(update={"workflow": "episode"})
+    client = await GymflowClient.connect(settings.model_copy(update={"models": models, "rollout": rollout}))
+    yield client
+    await client.close()
+
+
+async def _event_types(client: GymflowClient, rollout_id: str) -> list[int]:
+    history = await client.temporal.get_workflow_handle(rollout_id).fetch_history()
+    return [e.event_type for e in history.events]
+
+
+async def test_a_local_episode_is_one_workflow_task_with_the_same_data(local_gen, scripted, sql, run_id):
+    scripted.script(tool_call("get_weather", {"city": "SF"}, logprobs=True, delay_s=0.3),
+                    text("cold", logprobs=True, delay_s=0.3))
+    inp = local_gen.make_input(run_id, weather_task(), 0, "policy")
+    summary = await local_gen.run_rollout(inp)
+    assert summary.status == "completed" and summary.reward == 1.0
+    assert (summary.turns, summary.tool_calls) == (2, 1)
+    # workflow time stands still within a workflow task: the latency must come from the clock
+    assert summary.latency_s >= 0.6
+    (latency,) = sql("SELECT latency_s FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert latency >= 0.6
+
+    events = await _event_types(local_gen, inp.rollout_id)
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events  # no queue hop: begin, 2 generates, tools,
+    assert events.count(EventType.EVENT_TYPE_MARKER_RECORDED) == 5    # finish: five local activity markers
+    assert events.count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1
+
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in scripted.requests[-1].body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert sql("SELECT turn, jsonb_array_length(generation_log_probs) FROM generations WHERE rollout_id = %s "
+               "ORDER BY turn", inp.rollout_id) == [(0, 1), (1, 1)]
+    # the API key reached the model (the workflow pool holds the model clients now) and no history
+    headers = {k.lower(): v for k, v in scripted.requests[-1].headers.items()}
+    assert headers.get("authorization", "").startswith("Bearer ")
+
+
+async def test_local_generation_retries_bounded_and_fails_typed(local_gen, scripted, sql, run_id):
+    scripted.script(http_error(500, "boom"), tool_call("get_weather", {"city": "SF"}), text("cold"))
+    inp = local_gen.make_input(run_id, weather_task(), 0, "policy")
+    summary = await local_gen.run_rollout(inp)
+    assert summary.status == "completed" and summary.attempts == 3
+    assert sql("SELECT turn, attempt FROM generations WHERE rollout_id = %s ORDER BY turn", inp.rollout_id) == [
+        (0, 2), (1, 1)]
+
+    scripted.script(tool_call("get_weather", {"city": "SF"}), context_length_error())
+    inp = local_gen.make_input(run_id, weather_task("w1"), 0, "policy")
+    failed = await local_gen.run_rollout(inp)
+    assert failed.status == "failed" and failed.failure_type == "context_length_exceeded"
+    assert failed.reward is None
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool"]
+
+
+def _local(env: ActivityEnvironment, activity_id: str, activity_type: str) -> ActivityEnvironment:
+    """The activity context of local activity `activity_id` of one workflow run (attempt 1, as after a lost
+    workflow task: a local activity then starts over at attempt 1)."""
+    env.info = dataclasses.replace(env.info, is_local=True, attempt=1, workflow_run_id="run-a",
+                                   activity_id=activity_id, activity_type=activity_type)
+    return env
+
+
+async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settings, stack, run_id):
+    task = weather_task()
+    await gf.store_tasks(run_id, [task])
+    engine = make_engine(stack.database_url, pre_ping=False)
+    models = ModelClients(settings.models)
+    try:
+        first = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+        rid = f"{run_id}/{task.id}/0"
+        head = await _local(ActivityEnvironment(), "1", names.EPISODE_BEGIN).run(
+            first.begin, BeginRequest(rollout_id=rid, run_id=run_id, task_id=task.id, sample_index=0,
+                                      model="policy"))
+        turn = TurnRequest(rollout_id=rid, run_id=run_id, task_id=task.id, model="policy", turn=0, head_id=head,
+                           sampling=SamplingParams())
+        scripted.script(tool_call("get_weather", {"city": "SF"}), text("a second, different answer"),
+                        text("a third"))
+        generated = await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(first.generate, turn)
+        assert generated.tool_calls == 1 and len(scripted.requests) == 1
+
+        # The worker died before its workflow task recorded the result; the task is retried on another worker
+        # (no cache) and on this one (its cache is past the head): neither calls the model again.
+        for worker in (EpisodeActivities(make_sessionmaker(engine), models, settings.environments), first):
+            again = await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(worker.generate, turn)
+            assert (again.head_id, again.tool_calls) == (generated.head_id, 1)
+        assert len(scripted.requests) == 1
+
+        # A worker that holds the episode exactly up to the head calls the model (it cannot know another worker
+        # ran this generate), but the reply stored first is the episode's: same head, same tool call.
+        stale = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+        await stale._chain(rid, head)  # noqa: SLF001 - prime its cache at the head
+        raced = await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(stale.generate, turn)
+        assert len(scripted.requests) == 2
+        assert (raced.head_id, raced.tool_calls) == (generated.head_id, 1)
+    finally:
+        await models.close()
+        await engine.dispose()
