@@ -46,6 +46,14 @@ def test_api_key_env_must_be_a_name_not_a_key():
                               env={})
 
 
+def test_generation_placement_is_pool_or_local():
+    base = {"base_url": "u", "model": "m"}
+    s = settings_from_mapping({"models": {"p": base, "q": {**base, "placement": "local"}}}, env={})
+    assert (s.models["p"].placement, s.models["q"].placement) == ("pool", "local")
+    with pytest.raises(ConfigError, match=r"models.p.placement: Input should be 'pool' or 'local'"):
+        settings_from_mapping({"models": {"p": {**base, "placement": "gpu"}}}, env={})
+
+
 def test_environment_overrides_addresses():
     s = settings_from_mapping({"temporal": {"address": "a:1"}}, env={"TEMPORAL_ADDRESS": "b:2",
                                                                       "DATABASE_URL": "postgresql://x/y"})
