@@ -49,10 +49,10 @@ from gymflow.kernel.store.episodes import (
     load_task_tools,
     produced,
     read_chain_after,
-    rewrite_generations,
+    save_episode,
     save_task_tools,
 )
-from gymflow.kernel.store.repo import mark_rollout_started, save_rollout
+from gymflow.kernel.store.repo import mark_rollout_started
 from gymflow.kernel.wire import (
     ChatMessage,
     GenerateRequest,
@@ -325,9 +325,8 @@ class EpisodeActivities:
                                    score_details=score.details if score else {})
 
             async def write() -> None:
-                async with self._sessions.begin() as session:
-                    await save_rollout(session, record)
-                    await rewrite_generations(session, summary.rollout_id, chain)
+                async with self._autocommit() as session:  # one statement: atomic on its own
+                    await save_episode(session, record, chain)
 
             await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
             self._chains.drop(summary.rollout_id)

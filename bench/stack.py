@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class MemorySampler:
         self.pids, self.interval_s = pids, interval_s
         self.peak: dict[str, int] = {k: 0 for k in pids}
         self.latest: dict[str, int] = {k: 0 for k in pids}
+        self.own_cpu_s = 0.0  # CPU this sampler's thread has used (it runs in the client's process)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rss-sampler")
 
@@ -92,6 +94,7 @@ class MemorySampler:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.sample()
+            self.own_cpu_s = time.thread_time()  # reading smaps is not the client's work: cpu() leaves it out
 
     def start(self) -> MemorySampler:
         self.sample()
@@ -118,7 +121,9 @@ class BenchStack:
     stack: LocalStack | None = None
 
     def cpu(self) -> dict[str, float]:
-        return {k: sum(tree_cpu_seconds(pid, desc) for pid in pids) for k, (pids, desc) in self.pids.items()}
+        out = {k: sum(tree_cpu_seconds(pid, desc) for pid in pids) for k, (pids, desc) in self.pids.items()}
+        out["client"] -= self.sampler.own_cpu_s  # the memory sampler's thread shares the client's process
+        return out
 
     def mock_stats(self, model: str, reset: bool = False) -> list[dict[str, Any]]:
         root = self.mock_urls[model].removesuffix("/v1")

@@ -18,8 +18,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.store.models import Generation, MessageRow, TaskRow
-from gymflow.kernel.store.repo import storable
-from gymflow.kernel.wire import Task, ToolSpec
+from gymflow.kernel.store.repo import rollout_upsert, storable
+from gymflow.kernel.wire import RolloutRecord, Task, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -211,10 +211,8 @@ def latest_state(chain: Sequence[StoredMessage]) -> dict[str, Any]:
     return {}
 
 
-async def rewrite_generations(session: AsyncSession, rollout_id: str, chain: list[StoredMessage]) -> None:
-    """`generations` holds exactly the accepted chain's turns: stale turns of earlier runs go."""
-    table = Generation.__table__
-    await session.execute(sa.delete(table).where(table.c.rollout_id == rollout_id))
+def generation_rows(rollout_id: str, chain: Sequence[StoredMessage]) -> list[dict[str, Any]]:
+    """The `generations` rows of the chain's assistant turns, numbered from 0."""
     rows = []
     for m in chain:
         if m.role != "assistant" or m.tokens is None:
@@ -229,5 +227,23 @@ async def rewrite_generations(session: AsyncSession, rollout_id: str, chain: lis
             latency_s=meta.get("latency_s"), message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
             generation_token_ids=meta.get("generation_token_ids"),
             generation_log_probs=meta.get("generation_log_probs"), policy_version=meta.get("policy_version")))
-    if rows:  # Core, not ORM objects: one multi-row INSERT
-        await session.execute(sa.insert(table), rows)
+    return rows
+
+
+async def save_episode(session: AsyncSession, record: RolloutRecord, chain: Sequence[StoredMessage]) -> None:
+    """The rollout's row and exactly the accepted chain's `generations` as ONE statement: atomic without a
+    transaction, one round trip (a transaction of upsert, delete and insert took five). The chain's turns replace
+    earlier runs' rows turn by turn; a stale run's turns past the chain's last go."""
+    table = Generation.__table__
+    rollout_id = record.summary.rollout_id
+    rows = generation_rows(rollout_id, chain)
+    stmt = rollout_upsert(record).add_cte(
+        sa.delete(table).where(table.c.rollout_id == rollout_id, table.c.turn >= len(rows)).cte("stale"))
+    if rows:
+        new = insert(table).values(rows)
+        kept = ("rollout_id", "turn")
+        stmt = stmt.add_cte(new.on_conflict_do_update(
+            index_elements=[table.c.rollout_id, table.c.turn],
+            set_={c.name: new.excluded[c.name] for c in table.c if c.name not in kept} | {"created_at": sa.func.now()},
+        ).cte("turns"))
+    await session.execute(stmt)

@@ -13,6 +13,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -68,6 +69,11 @@ async def save_generation(session: AsyncSession, **values: Any) -> None:
 
 
 async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
+    await session.execute(rollout_upsert(record))
+
+
+def rollout_upsert(record: RolloutRecord) -> sa.Insert:
+    """The statement that writes the rollout's row, replacing an earlier one (a retry, a rerun)."""
     s = record.summary
     values: dict[str, Any] = dict(
         id=s.rollout_id, run_id=s.run_id, task_id=s.task_id, sample_index=s.sample_index,
@@ -82,4 +88,4 @@ async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
     values["finished_at"] = datetime.now(UTC)
     stmt = insert(Rollout.__table__).values(**values)
     update = {k: v for k, v in values.items() if k != "id"}
-    await session.execute(stmt.on_conflict_do_update(index_elements=[Rollout.id], set_=update))
+    return stmt.on_conflict_do_update(index_elements=[Rollout.id], set_=update)
