@@ -10,11 +10,15 @@ recording the result) answers from Postgres instead of calling the model again.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment
+from temporalio.worker import Replayer
 
 from activities.episode import EpisodeActivities
 from activities.model_client import ModelClients
@@ -26,6 +30,9 @@ from gymflow.kernel.store.db import make_engine, make_sessionmaker
 from gymflow.kernel.wire import SamplingParams
 from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
 from tests.helpers import weather_task
+from workflows.episode import EpisodeWorkflow
+
+HISTORIES = Path(__file__).parent / "histories"
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -130,3 +137,22 @@ async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settin
     finally:
         await models.close()
         await engine.dispose()
+
+
+async def test_record_local_generation_histories_for_replay(local_gen, scripted, run_id):
+    """Episodes with generation local, kept in tests/histories/ for the replay test (GYMFLOW_RECORD_HISTORIES=1
+    rewrites them); here each must replay as recorded, through the SDK's strict sandbox."""
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"),  # single tool
+                    tool_call("get_weather", {"city": "SF"}), context_length_error(),  # fails in turn 2
+                    tool_call("get_weather", {"city": "A"}), tool_call("get_weather", {"city": "B"}), text("ok"))
+    cases = {"local_generate_single_tool": {}, "local_generate_context_length_failure": {},
+             "local_generate_continue_as_new": {"turns_per_run": 1}}
+    replayer = Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter)
+    for name, update in cases.items():
+        inp = local_gen.make_input(run_id, weather_task(name), 0, "policy").model_copy(update=update)
+        await local_gen.run_rollout(inp)
+        history = await local_gen.temporal.get_workflow_handle(inp.rollout_id).fetch_history()
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, (name, result.replay_failure)
+        if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
+            (HISTORIES / f"{name}.json").write_text(history.to_json())
