@@ -66,7 +66,10 @@ from gymflow.kernel.wire import (
 )
 from gymflow.training.policy import PolicyCache, reported_version
 
-_TASK_CACHE = 4096  # tasks are immutable per (run, task id): cache them per worker process
+# Tasks are immutable per (run, task id): cache them per worker process. The samples of a task (GRPO's group)
+# run close together, so the cache need only cover the tasks in flight; a larger one only grows the process
+# (4096 entries: ~20 MB per workflow-pool process over a 20k-rollout run of distinct tasks).
+_TASK_CACHE = 1024
 _POLICIES = PolicyCache()  # the current policy version per model, at most ~0.5 s old
 
 
