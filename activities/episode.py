@@ -36,7 +36,15 @@ from activities.recorded import recorded
 from environments.base import Environment, VerifyContext
 from environments.registry import get_environment
 from gymflow.kernel import names
-from gymflow.kernel.episode_wire import BeginRequest, Finished, FinishRequest, Generated, ToolsRan, TurnRequest
+from gymflow.kernel.episode_wire import (
+    BeginRequest,
+    Finished,
+    FinishRequest,
+    Generated,
+    ToolsRan,
+    Turned,
+    TurnRequest,
+)
 from gymflow.kernel.errors import GymflowError, TaskError
 from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, short_message
 from gymflow.kernel.store.episodes import (
@@ -73,10 +81,15 @@ _TASK_CACHE = 1024
 _POLICIES = PolicyCache()  # the current policy version per model, at most ~0.5 s old
 
 
-def _producer() -> str:
-    """The writing activity: a retry (or a zombie attempt) of it shares the key, another run never does."""
+TOOLS_PART = "/tools"  # the producer suffix of the tool messages a `turn` activity appends after its reply
+_GENERATING = frozenset({names.EPISODE_GENERATE, names.EPISODE_TURN})
+
+
+def _producer(part: str = "") -> str:
+    """The writing activity (and `part` of it): a retry (or a zombie attempt) of it shares the key, another run
+    never does."""
     info = activity.info()
-    return f"{info.workflow_run_id}/{info.activity_id}"
+    return f"{info.workflow_run_id}/{info.activity_id}{part}"
 
 
 def _chat(messages: list[StoredMessage]) -> tuple[ChatMessage, ...]:
@@ -151,12 +164,13 @@ class EpisodeActivities:
         return chain
 
     async def _append(self, rollout_id: str, chain: list[StoredMessage], messages: list[NewMessage],
-                      also: Callable[[AsyncSession], Awaitable[None]] | None = None) -> tuple[list[int], bool]:
+                      also: Callable[[AsyncSession], Awaitable[None]] | None = None, part: str = ""
+                      ) -> tuple[list[int], bool]:
         """Append `messages` after `chain` (the episode up to its head; [] for the first messages), and run `also`
         in the same transaction. Returns their ids and whether they were written now (False: an earlier attempt's
         batch, whose contents may differ). The chain this worker now holds is cached, so its next step here
         reads nothing back."""
-        producer, out = _producer(), []
+        producer, out = _producer(part), []
         parent = chain[-1] if chain else None
         # One message and nothing else: a single INSERT (its conflict check is a read): no transaction needed.
         single = len(messages) == 1 and also is None
@@ -176,18 +190,18 @@ class EpisodeActivities:
             self._chains.drop(rollout_id)
         return ids, fresh
 
-    async def _already_produced(self, rollout_id: str) -> list[StoredMessage]:
+    async def _already_produced(self, rollout_id: str, part: str = "") -> list[StoredMessage]:
         """What an earlier attempt of this very activity stored (its completion was lost), oldest first. Nothing
         on a first attempt of a (non-local) activity: the producer key names this workflow run's activity, so no one
         else writes under it. A local activity starts again at attempt 1 when its workflow task is retried (the
         worker died before recording its result), so a local generate always looks: a model call is worth a read."""
         info = activity.info()
-        if info.attempt == 1 and not (info.is_local and info.activity_type == names.EPISODE_GENERATE):
+        if info.attempt == 1 and not (info.is_local and info.activity_type in _GENERATING and not part):
             return []
-        return await self._produced_here(rollout_id)
+        return await self._produced_here(rollout_id, part)
 
-    async def _produced_here(self, rollout_id: str) -> list[StoredMessage]:
-        producer = _producer()
+    async def _produced_here(self, rollout_id: str, part: str = "") -> list[StoredMessage]:
+        producer = _producer(part)
         return await self._read("reading earlier attempts", lambda s: produced(s, rollout_id, producer))
 
     # ---- activities ----------------------------------------------------------------------------------
@@ -222,88 +236,111 @@ class EpisodeActivities:
     @activity.defn(name=names.EPISODE_GENERATE)
     async def generate(self, req: TurnRequest) -> Generated:
         with boundary(where=f"generate turn {req.turn}"):
-            info = activity.info()
-            attempt = info.attempt
-            known = self._chains.get(req.rollout_id)
-            # A local generate re-run after its workflow task was lost (the worker died) must not call the model
-            # again. Where this worker holds the episode exactly up to the head, it ran no generate after it.
-            ran_here = info.is_local and attempt == 1 and bool(known) and known[-1].id == req.head_id
-            earlier = [] if ran_here else await self._already_produced(req.rollout_id)
-            if earlier:  # the model call was paid for and stored; only the completion was lost
-                return _generated(earlier[-1], attempt)
-            cfg = self._models.config(req.model)
-            task = await self._task(req.run_id, req.task_id)
-            chain = await self._chain(req.rollout_id, req.head_id)
-            started = time.monotonic()
-            policy = await _POLICIES.current(req.model, self._read_policy)  # current as the request goes out
-            if cfg.recorded:
-                message, finish, usage, tokens = recorded(cfg.recorded).turn(req.task_id, req.turn), "recorded", \
-                    Usage(), {}
-            else:
-                tools = await self._tools(task, req.run_id)
-                body = _request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
-                                                          turn=req.turn, model=req.model, messages=_chat(chain),
-                                                          tools=tools, sampling=req.sampling))
-                try:  # heartbeat while waiting for a slot of the model's concurrency limit too, not only the call
-                    resp = await heartbeating(self._models.limited_create(req.model, body), req.turn)
-                except ApplicationError as e:
-                    metrics.generation_failed(req.model, e.type)
-                    raise
-                choice = resp.choices[0]
-                try:
-                    message = _to_message(choice.message)
-                except ValidationError as e:
-                    raise bad_response(req.model, short_message(e, 200)) from None
-                finish = choice.finish_reason
-                usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
-                              completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
-                tokens = _token_data(resp, choice)
-                metrics.generation_done(req.model, time.monotonic() - started, usage)
-            meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
-                    "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,
-                    **await _POLICIES.turn_meta(req.model, self._read_policy, policy,
-                                                None if cfg.recorded else reported_version(resp))}
-            reply = [NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)]
-            _check_episode_size(req, chain, reply)
-            (head,), fresh = await self._append(req.rollout_id, chain, reply)
-            if not fresh:  # another attempt stored its reply first: that one is the episode's
-                return _generated((await self._produced_here(req.rollout_id))[-1], attempt)
-            if not message.tool_calls and not info.is_local:  # the last generation; finish runs elsewhere
-                self._chains.drop(req.rollout_id)
-            return Generated(head_id=head, tool_calls=len(message.tool_calls or ()), finish_reason=finish,
-                             usage=usage, attempt=attempt)
+            return await self._generate(req)
+
+    @activity.defn(name=names.EPISODE_TURN)
+    async def turn(self, req: TurnRequest) -> Turned:
+        """generate, then run_tools on the reply: one local activity hop per turn instead of two, for episodes
+        whose generation and environment are both local. A retry finds the stored reply (and tool messages)
+        instead of calling the model (and tools) again."""
+        with boundary(where=f"generate turn {req.turn}"):
+            gen = await self._generate(req)
+        if not gen.tool_calls:
+            return Turned(generated=gen)
+        try:
+            with boundary():
+                ran = await self._run_tools(req.model_copy(update={"head_id": gen.head_id}), TOOLS_PART)
+        except ApplicationError as err:  # the reply is stored: the details tell the workflow, which keeps it
+            raise ApplicationError(err.message, {"generated": gen.model_dump(mode="json")}, type=err.type,
+                                   non_retryable=err.non_retryable, next_retry_delay=err.next_retry_delay) from None
+        return Turned(generated=gen, ran=ran)
+
+    async def _generate(self, req: TurnRequest) -> Generated:
+        info = activity.info()
+        attempt = info.attempt
+        known = self._chains.get(req.rollout_id)
+        # A local generate re-run after its workflow task was lost (the worker died) must not call the model
+        # again. Where this worker holds the episode exactly up to the head, it ran no generate after it.
+        ran_here = info.is_local and attempt == 1 and bool(known) and known[-1].id == req.head_id
+        earlier = [] if ran_here else await self._already_produced(req.rollout_id)
+        if earlier:  # the model call was paid for and stored; only the completion was lost
+            return _generated(earlier[-1], attempt)
+        cfg = self._models.config(req.model)
+        task = await self._task(req.run_id, req.task_id)
+        chain = await self._chain(req.rollout_id, req.head_id)
+        started = time.monotonic()
+        policy = await _POLICIES.current(req.model, self._read_policy)  # current as the request goes out
+        if cfg.recorded:
+            message, finish, usage, tokens = recorded(cfg.recorded).turn(req.task_id, req.turn), "recorded", \
+                Usage(), {}
+        else:
+            tools = await self._tools(task, req.run_id)
+            body = _request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
+                                                      turn=req.turn, model=req.model, messages=_chat(chain),
+                                                      tools=tools, sampling=req.sampling))
+            try:  # heartbeat while waiting for a slot of the model's concurrency limit too, not only the call
+                resp = await heartbeating(self._models.limited_create(req.model, body), req.turn)
+            except ApplicationError as e:
+                metrics.generation_failed(req.model, e.type)
+                raise
+            choice = resp.choices[0]
+            try:
+                message = _to_message(choice.message)
+            except ValidationError as e:
+                raise bad_response(req.model, short_message(e, 200)) from None
+            finish = choice.finish_reason
+            usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
+                          completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
+            tokens = _token_data(resp, choice)
+            metrics.generation_done(req.model, time.monotonic() - started, usage)
+        meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
+                "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,
+                **await _POLICIES.turn_meta(req.model, self._read_policy, policy,
+                                            None if cfg.recorded else reported_version(resp))}
+        reply = [NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)]
+        _check_episode_size(req, chain, reply)
+        (head,), fresh = await self._append(req.rollout_id, chain, reply)
+        if not fresh:  # another attempt stored its reply first: that one is the episode's
+            return _generated((await self._produced_here(req.rollout_id))[-1], attempt)
+        if not message.tool_calls and not info.is_local:  # the last generation; finish runs elsewhere
+            self._chains.drop(req.rollout_id)
+        return Generated(head_id=head, tool_calls=len(message.tool_calls or ()), finish_reason=finish,
+                         usage=usage, attempt=attempt)
 
     @activity.defn(name=names.EPISODE_RUN_TOOLS)
     async def run_tools(self, req: TurnRequest) -> ToolsRan:
         with boundary():
-            earlier = await self._already_produced(req.rollout_id)
-            if earlier:
-                return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
-            task = await self._task(req.run_id, req.task_id)
-            chain = await self._chain(req.rollout_id, req.head_id)
-            calls = ChatMessage.model_validate(chain[-1].body).tool_calls or ()
-            env = get_environment(task.env)
-            state = copy.deepcopy(latest_state(chain))  # tools may change it in place: never the cached one
-            new: list[NewMessage] = []
-            ended_by: str | None = None
-            for call in calls:
-                if ended_by is not None:
-                    # After the episode ended nothing may change its state: answered, not run.
-                    new.append(NewMessage(role="tool", body=not_run_message(call, ended_by).model_dump(
-                        exclude_none=True), state=dict(state), tokens={"not_run": True}))
-                    continue
-                message, state, failed, done = await self._one_tool(env, task, state, call)
-                new.append(NewMessage(role="tool", body=message.model_dump(exclude_none=True), state=dict(state),
-                                      tokens={"is_error": True} if failed else {"done": True} if done else None))
-                ended_by = call.function.name if done else None
-            if not new:
-                raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
-            _check_episode_size(req, chain, new)
-            ids, fresh = await self._append(req.rollout_id, chain, new)
-            if not fresh:  # an earlier attempt's tool messages are the episode's
-                earlier = await self._produced_here(req.rollout_id)
-                return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
-            return _tools_ran(ids[-1], [m.tokens or {} for m in new])
+            return await self._run_tools(req)
+
+    async def _run_tools(self, req: TurnRequest, part: str = "") -> ToolsRan:
+        earlier = await self._already_produced(req.rollout_id, part)
+        if earlier:
+            return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
+        task = await self._task(req.run_id, req.task_id)
+        chain = await self._chain(req.rollout_id, req.head_id)
+        calls = ChatMessage.model_validate(chain[-1].body).tool_calls or ()
+        env = get_environment(task.env)
+        state = copy.deepcopy(latest_state(chain))  # tools may change it in place: never the cached one
+        new: list[NewMessage] = []
+        ended_by: str | None = None
+        for call in calls:
+            if ended_by is not None:
+                # After the episode ended nothing may change its state: answered, not run.
+                new.append(NewMessage(role="tool", body=not_run_message(call, ended_by).model_dump(
+                    exclude_none=True), state=dict(state), tokens={"not_run": True}))
+                continue
+            message, state, failed, done = await self._one_tool(env, task, state, call)
+            new.append(NewMessage(role="tool", body=message.model_dump(exclude_none=True), state=dict(state),
+                                  tokens={"is_error": True} if failed else {"done": True} if done else None))
+            ended_by = call.function.name if done else None
+        if not new:
+            raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
+        _check_episode_size(req, chain, new)
+        ids, fresh = await self._append(req.rollout_id, chain, new, part=part)
+        if not fresh:  # an earlier attempt's tool messages are the episode's
+            earlier = await self._produced_here(req.rollout_id, part)
+            return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
+        return _tools_ran(ids[-1], [m.tokens or {} for m in new])
 
     async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall
                         ) -> tuple[ChatMessage, dict[str, Any], bool, bool]:

@@ -10,6 +10,7 @@ recording the result) answers from Postgres instead of calling the model again.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from gymflow.kernel.episode_wire import BeginRequest, TurnRequest
 from gymflow.kernel.store.db import make_engine, make_sessionmaker
 from gymflow.kernel.wire import SamplingParams
 from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
+from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
 from tests.helpers import weather_task
 from workflows.episode import EpisodeWorkflow
 
@@ -50,6 +52,13 @@ async def _event_types(client: GymflowClient, rollout_id: str) -> list[int]:
     return [e.event_type for e in history.events]
 
 
+async def _local_activities(client: GymflowClient, rollout_id: str) -> list[str]:
+    """The activity types of the rollout's local activity markers, in order."""
+    history = await client.temporal.get_workflow_handle(rollout_id).fetch_history()
+    return [json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
+            for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+
+
 async def test_a_local_episode_is_one_workflow_task_with_the_same_data(local_gen, scripted, sql, run_id):
     scripted.script(tool_call("get_weather", {"city": "SF"}, logprobs=True, delay_s=0.3),
                     text("cold", logprobs=True, delay_s=0.3))
@@ -63,9 +72,11 @@ async def test_a_local_episode_is_one_workflow_task_with_the_same_data(local_gen
     assert latency >= 0.6
 
     events = await _event_types(local_gen, inp.rollout_id)
-    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events  # no queue hop: begin, 2 generates, tools,
-    assert events.count(EventType.EVENT_TYPE_MARKER_RECORDED) == 5    # finish: five local activity markers
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events  # no queue hop
     assert events.count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1
+    # the environment is local too: each turn (generate, then the tools it called) is one local activity
+    assert await _local_activities(local_gen, inp.rollout_id) == [
+        names.EPISODE_BEGIN, names.EPISODE_TURN, names.EPISODE_TURN, names.EPISODE_FINISH]
 
     (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
     assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool", "assistant"]
@@ -92,6 +103,26 @@ async def test_local_generation_retries_bounded_and_fails_typed(local_gen, scrip
     assert failed.reward is None
     (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
     assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool"]
+
+
+async def test_a_tool_failing_inside_a_turn_keeps_the_reply(settings, scripted, sql, run_id, faulty_env):  # noqa: F811
+    models = {name: cfg.model_copy(update={"placement": "local"}) for name, cfg in settings.models.items()}
+    envs = {**settings.environments, faulty_env: {"placement": "local"}}
+    rollout = settings.rollout.model_copy(update={"workflow": "episode"})
+    client = await GymflowClient.connect(settings.model_copy(update={"models": models, "environments": envs,
+                                                                      "rollout": rollout}))
+    try:
+        scripted.script(tool_call("echo", {"text": "hi"}), tool_call("boom", {}))
+        inp = client.make_input(run_id, faulty_task("boom-in-turn"), 0, "policy")
+        failed = await client.run_rollout(inp)
+    finally:
+        await client.close()
+    assert failed.status == "failed" and failed.failure_type == "environment_error"
+    assert (failed.turns, failed.tool_calls) == (2, 1)  # the second turn's reply counts; its call did not run
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    assert [m["role"] for m in transcript] == ["user", "assistant", "tool", "assistant"]
+    assert transcript[-1]["tool_calls"][0]["function"]["name"] == "boom"
+    assert len(scripted.requests) == 2  # the retried turn found its reply stored: no second call for it
 
 
 def _local(env: ActivityEnvironment, activity_id: str, activity_type: str) -> ActivityEnvironment:

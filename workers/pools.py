@@ -72,7 +72,7 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     # each rollout in flight holds a task slot for its model calls, so the slots must cover every rollout.
     tasks = concurrency if any(m.placement == "local" for m in settings.models.values()) else min(concurrency, 200)
     return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[RolloutWorkflow, EpisodeWorkflow],
-                  activities=[local.begin, local.generate, local.run_tools, local.finish],
+                  activities=[local.begin, local.generate, local.run_tools, local.turn, local.finish],
                   max_concurrent_workflow_tasks=tasks,
                   max_cached_workflows=max(concurrency, 100),
                   max_concurrent_local_activities=tasks,

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         FinishRequest,
         Generated,
         ToolsRan,
+        Turned,
         TurnRequest,
     )
     from gymflow.kernel.wire import ActivityLimits, RolloutSummary, Usage
@@ -101,23 +102,43 @@ class EpisodeWorkflow:
             turn = TurnRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, model=inp.model,
                                turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling,
                                max_episode_bytes=inp.limits.max_episode_bytes)
-            if inp.generate_placement == "local":  # this pool calls the model (models.<name>.placement)
+            ran: ToolsRan | None = None
+            if inp.generate_placement == "local" and inp.placement == "local":  # the whole turn, one activity
+                gen, ran = await self._turn_here(inp, turn)
+            elif inp.generate_placement == "local":  # this pool calls the model (models.<name>.placement)
                 gen = await _local_activity(names.EPISODE_GENERATE, turn, Generated, inp.limits.generate)
             else:
                 gen = await workflow.execute_activity(names.EPISODE_GENERATE, turn, result_type=Generated,
                                                       **gen_opts)
-            ep = self._episode = ep.model_copy(update={
-                "head_id": gen.head_id, "turn": ep.turn + 1, "usage": ep.usage + gen.usage,
-                "attempts": ep.attempts + gen.attempt})
+            ep = self._generated(ep, gen)
             turns_here += 1
             if not gen.tool_calls:
                 return
-            self._enter("tools")
-            ran = await self._on_env(inp, names.EPISODE_RUN_TOOLS, turn.model_copy(update={"head_id": ep.head_id}),
-                                     ToolsRan)
+            if ran is None:
+                self._enter("tools")
+                ran = await self._on_env(inp, names.EPISODE_RUN_TOOLS,
+                                         turn.model_copy(update={"head_id": ep.head_id}), ToolsRan)
             self._episode = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
             if ran.done:  # the environment ended the episode; never true in histories recorded before `done`
                 return
+
+    def _generated(self, ep: EpisodeRef, gen: Generated) -> EpisodeRef:
+        self._episode = ep.model_copy(update={"head_id": gen.head_id, "turn": ep.turn + 1,
+                                              "usage": ep.usage + gen.usage, "attempts": ep.attempts + gen.attempt})
+        return self._episode
+
+    async def _turn_here(self, inp: EpisodeInput, turn: TurnRequest) -> tuple[Generated, ToolsRan | None]:
+        """generate and run_tools as one local activity. When the tools failed after the reply was stored, the
+        failure carries the reply: the episode keeps it, so the recorded transcript ends with the tool calls."""
+        try:
+            turned = await _local_activity(names.EPISODE_TURN, turn, Turned, inp.limits.generate)
+        except ActivityError as err:
+            cause = err.cause
+            stored = cause.details[0] if isinstance(cause, ApplicationError) and cause.details else None
+            if isinstance(stored, dict) and "generated" in stored and self._episode is not None:
+                self._generated(self._episode, Generated.model_validate(stored["generated"]))
+            raise
+        return turned.generated, turned.ran
 
     async def _finish(self, inp: EpisodeInput, started: datetime, failure: tuple[str, str] | None) -> RolloutSummary:
         ep = self._episode

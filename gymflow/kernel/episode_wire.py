@@ -88,6 +88,13 @@ class ToolsRan(Wire):
                                           "own stop rule): verify next")
 
 
+class Turned(Wire):
+    """One turn in one activity: the model's reply, and the tools it called (None when it called none)."""
+
+    generated: Generated
+    ran: ToolsRan | None = None
+
+
 class FinishRequest(Wire):
     """Verify (unless the rollout already failed) and persist, in one activity."""
 

@@ -32,6 +32,7 @@ EPISODE_BEGIN = "gymflow.episode.begin"
 EPISODE_GENERATE = "gymflow.episode.generate"
 EPISODE_RUN_TOOLS = "gymflow.episode.run_tools"
 EPISODE_FINISH = "gymflow.episode.finish"
+EPISODE_TURN = "gymflow.episode.turn"  # generate + run_tools in one local activity (generation and env local)
 
 SA_RUN = SearchAttributeKey.for_keyword("GymflowRun")
 SA_ENV = SearchAttributeKey.for_keyword("GymflowEnv")
