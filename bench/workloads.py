@@ -70,12 +70,15 @@ class Window:
     cpu_s: float  # every process but the mocks
     latencies: list[float]
     rss: dict[str, int]
+    cpu_by_process: dict[str, float] | None = None  # seconds per process (the mocks too) in the window
 
     def row(self) -> dict[str, Any]:
         n = len(self.latencies)
         return {"done": self.done, "rollouts_per_s": n / self.seconds if self.seconds else None,
                 "cpu_ms_per_rollout": 1000 * self.cpu_s / n if n else None,
-                "p95_latency_s": percentile(self.latencies, 95), "rss_mib": {k: v / 2**20 for k, v in self.rss.items()}}
+                "p95_latency_s": percentile(self.latencies, 95), "rss_mib": {k: v / 2**20 for k, v in self.rss.items()},
+                "cpu_ms_per_rollout_by_process": {k: round(1000 * v / n, 2)
+                                                  for k, v in (self.cpu_by_process or {}).items()} if n else {}}
 
 
 @dataclass
@@ -114,7 +117,8 @@ async def collect(bench: BenchStack, client: GymflowClient, tasks: list[Task], *
         if window and (done % window == 0 or done == len(tasks)):
             now, cpu = time.monotonic(), bench.cpu()
             spent = sum(cpu[k] - mark_cpu[k] for k in cpu if k not in MOCK_PROCESSES)
-            windows.append(Window(done, now - mark_t, spent, latencies[mark_i:], bench.sampler.sample()).row())
+            windows.append(Window(done, now - mark_t, spent, latencies[mark_i:], bench.sampler.sample(),
+                                  {k: cpu[k] - mark_cpu[k] for k in cpu}).row())
             mark_t, mark_cpu, mark_i = now, cpu, done
         if on_done is not None:
             on_done(done)

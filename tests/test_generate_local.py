@@ -9,6 +9,7 @@ recording the result) answers from Postgres instead of calling the model again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -103,6 +104,22 @@ async def test_local_generation_retries_bounded_and_fails_typed(local_gen, scrip
     assert failed.reward is None
     (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
     assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool"]
+
+
+async def test_a_local_episode_cancelled_mid_call_is_recorded_typed(local_gen, scripted, sql, run_id):
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("too late", delay_s=4))
+    inp = local_gen.make_input(run_id, weather_task(), 0, "policy")
+    handle, _ = await local_gen.start_rollout(inp)
+    for _ in range(200):  # until the second model call is in flight
+        if len(scripted.requests) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    assert len(scripted.requests) == 2
+    await handle.cancel()
+    summary = await local_gen.result(handle, inp)
+    assert summary.status == "failed" and summary.failure_type == "workflow_cancelled"
+    assert sql("SELECT status, failure_type FROM rollouts WHERE id = %s", inp.rollout_id) == [
+        ("failed", "workflow_cancelled")]
 
 
 async def test_a_tool_failing_inside_a_turn_keeps_the_reply(settings, scripted, sql, run_id, faulty_env):  # noqa: F811
