@@ -165,11 +165,11 @@ class EpisodeActivities:
 
     async def _append(self, rollout_id: str, chain: list[StoredMessage], messages: list[NewMessage],
                       also: Callable[[AsyncSession], Awaitable[None]] | None = None, part: str = ""
-                      ) -> tuple[list[int], bool]:
+                      ) -> tuple[list[int], list[StoredMessage] | None]:
         """Append `messages` after `chain` (the episode up to its head; [] for the first messages), and run `also`
-        in the same transaction. Returns their ids and whether they were written now (False: an earlier attempt's
-        batch, whose contents may differ). The chain this worker now holds is cached, so its next step here
-        reads nothing back."""
+        in the same transaction. Returns their ids and None, or, when an earlier attempt of this producer had
+        written its batch (whose contents may differ), ([], that batch). The chain this worker now holds is
+        cached, so its next step here reads nothing back."""
         producer, out = _producer(part), []
         parent = chain[-1] if chain else None
         # One message and nothing else: a single INSERT (its conflict check is a read): no transaction needed.
@@ -183,12 +183,12 @@ class EpisodeActivities:
                     await also(session)
 
         await retry_store(write, "appending to the episode", budget_s=self.store_retry_s)
-        ids, fresh = out[-1]
-        if fresh:
+        ids, earlier = out[-1]
+        if earlier is None:
             self._chains.put(rollout_id, [*chain, *as_stored(ids, parent, messages)])
         else:
             self._chains.drop(rollout_id)
-        return ids, fresh
+        return ids, earlier
 
     async def _already_produced(self, rollout_id: str, part: str = "") -> list[StoredMessage]:
         """What an earlier attempt of this very activity stored (its completion was lost), oldest first. Nothing
@@ -198,9 +198,6 @@ class EpisodeActivities:
         info = activity.info()
         if info.attempt == 1 and not (info.is_local and info.activity_type in _GENERATING and not part):
             return []
-        return await self._produced_here(rollout_id, part)
-
-    async def _produced_here(self, rollout_id: str, part: str = "") -> list[StoredMessage]:
         producer = _producer(part)
         return await self._read("reading earlier attempts", lambda s: produced(s, rollout_id, producer))
 
@@ -229,9 +226,9 @@ class EpisodeActivities:
                                            task_id=req.task_id, sample_index=req.sample_index, env=task.env,
                                            model=req.model)
 
-            ids, _ = await self._append(req.rollout_id, [], new, also=running)
+            ids, earlier = await self._append(req.rollout_id, [], new, also=running)
             self._task_tools[(req.run_id, req.task_id)] = tools
-            return ids[-1]
+            return earlier[-1].id if earlier else ids[-1]
 
     @activity.defn(name=names.EPISODE_GENERATE)
     async def generate(self, req: TurnRequest) -> Generated:
@@ -299,12 +296,12 @@ class EpisodeActivities:
                                             None if cfg.recorded else reported_version(resp))}
         reply = [NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)]
         _check_episode_size(req, chain, reply)
-        (head,), fresh = await self._append(req.rollout_id, chain, reply)
-        if not fresh:  # another attempt stored its reply first: that one is the episode's
-            return _generated((await self._produced_here(req.rollout_id))[-1], attempt)
+        ids, earlier = await self._append(req.rollout_id, chain, reply)
+        if earlier:  # another attempt stored its reply first: that one is the episode's
+            return _generated(earlier[-1], attempt)
         if not message.tool_calls and not info.is_local:  # the last generation; finish runs elsewhere
             self._chains.drop(req.rollout_id)
-        return Generated(head_id=head, tool_calls=len(message.tool_calls or ()), finish_reason=finish,
+        return Generated(head_id=ids[-1], tool_calls=len(message.tool_calls or ()), finish_reason=finish,
                          usage=usage, attempt=attempt)
 
     @activity.defn(name=names.EPISODE_RUN_TOOLS)
@@ -336,9 +333,8 @@ class EpisodeActivities:
         if not new:
             raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
         _check_episode_size(req, chain, new)
-        ids, fresh = await self._append(req.rollout_id, chain, new, part=part)
-        if not fresh:  # an earlier attempt's tool messages are the episode's
-            earlier = await self._produced_here(req.rollout_id, part)
+        ids, earlier = await self._append(req.rollout_id, chain, new, part=part)
+        if earlier:  # an earlier attempt's tool messages are the episode's
             return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
         return _tools_ran(ids[-1], [m.tokens or {} for m in new])
 

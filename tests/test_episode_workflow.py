@@ -15,7 +15,7 @@ import pytest
 from gymflow.client import GymflowClient
 from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
 from tests.faulty_env import ZOMBIES_RETURNED, faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
-from tests.helpers import weather_task
+from tests.helpers import record_episode_histories, weather_task
 
 
 async def _payload_sizes(client: GymflowClient, rollout_id: str) -> list[int]:
@@ -149,29 +149,11 @@ async def test_history_grows_by_a_constant_per_turn_whatever_the_sizes(ep, scrip
 async def test_record_episode_histories_for_replay(ep, scripted, run_id):
     """Run the episodes whose histories tests/histories/ keeps for the replay test. With
     GYMFLOW_RECORD_HISTORIES=1 they are (re)written; otherwise this checks they still replay as recorded."""
-    import os
-    from pathlib import Path
-
-    from temporalio.contrib.pydantic import pydantic_data_converter
-    from temporalio.worker import Replayer
-
-    from workflows.episode import EpisodeWorkflow
-
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"),  # single tool
                     tool_call("get_weather", {"city": "SF"}), context_length_error(),  # fails in turn 2
                     tool_call("get_weather", {"city": "A"}), tool_call("get_weather", {"city": "B"}), text("ok"))
-    cases = {"episode_single_tool": {}, "episode_context_length_failure": {}, "episode_continue_as_new":
-             {"turns_per_run": 1}}
-    folder = Path(__file__).parent / "histories"
-    replayer = Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter)
-    for name, update in cases.items():
-        inp = ep.make_input(run_id, weather_task(name), 0, "policy").model_copy(update=update)
-        await ep.run_rollout(inp)
-        history = await ep.temporal.get_workflow_handle(inp.rollout_id).fetch_history()
-        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-        assert result.replay_failure is None, (name, result.replay_failure)
-        if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
-            (folder / f"{name}.json").write_text(history.to_json())
+    await record_episode_histories(ep, run_id, {"episode_single_tool": {}, "episode_context_length_failure": {},
+                                                "episode_continue_as_new": {"turns_per_run": 1}})
 
 
 async def test_the_generate_pool_reads_the_tools_begin_stored(ep, scripted, sql, run_id):

@@ -12,15 +12,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment
-from temporalio.worker import Replayer
 
 from activities.episode import EpisodeActivities
 from activities.model_client import ModelClients
@@ -32,10 +28,7 @@ from gymflow.kernel.store.db import make_engine, make_sessionmaker
 from gymflow.kernel.wire import SamplingParams
 from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
 from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
-from tests.helpers import weather_task
-from workflows.episode import EpisodeWorkflow
-
-HISTORIES = Path(__file__).parent / "histories"
+from tests.helpers import record_episode_histories, weather_task
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -193,14 +186,6 @@ async def test_record_local_generation_histories_for_replay(local_gen, scripted,
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"),  # single tool
                     tool_call("get_weather", {"city": "SF"}), context_length_error(),  # fails in turn 2
                     tool_call("get_weather", {"city": "A"}), tool_call("get_weather", {"city": "B"}), text("ok"))
-    cases = {"local_generate_single_tool": {}, "local_generate_context_length_failure": {},
-             "local_generate_continue_as_new": {"turns_per_run": 1}}
-    replayer = Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter)
-    for name, update in cases.items():
-        inp = local_gen.make_input(run_id, weather_task(name), 0, "policy").model_copy(update=update)
-        await local_gen.run_rollout(inp)
-        history = await local_gen.temporal.get_workflow_handle(inp.rollout_id).fetch_history()
-        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-        assert result.replay_failure is None, (name, result.replay_failure)
-        if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
-            (HISTORIES / f"{name}.json").write_text(history.to_json())
+    await record_episode_histories(local_gen, run_id, {
+        "local_generate_single_tool": {}, "local_generate_context_length_failure": {},
+        "local_generate_continue_as_new": {"turns_per_run": 1}})

@@ -77,14 +77,15 @@ async def append_messages(session: AsyncSession, *, rollout_id: str, parent_id: 
     Idempotent per (rollout, producer): when the producer already wrote its batch, that batch's ids come back
     and nothing is written. Run it in its own transaction so a conflict is seen, not half-applied. One round trip
     per message: each insert takes its position from its parent's row, which must belong to the rollout."""
-    return (await append_batch(session, rollout_id=rollout_id, parent_id=parent_id, producer=producer,
-                               messages=messages))[0]
+    ids, earlier = await append_batch(session, rollout_id=rollout_id, parent_id=parent_id, producer=producer,
+                                      messages=messages)
+    return ids if earlier is None else [m.id for m in earlier]
 
 
 async def append_batch(session: AsyncSession, *, rollout_id: str, parent_id: int | None, producer: str,
-                       messages: Sequence[NewMessage]) -> tuple[list[int], bool]:
-    """`append_messages`, and whether `messages` were written (False: the producer's earlier batch came back,
-    whose contents may differ from `messages`)."""
+                       messages: Sequence[NewMessage]) -> tuple[list[int], list[StoredMessage] | None]:
+    """`append_messages`: the new ids and None when `messages` were written; ([], the batch) when the producer had
+    already written one, whose contents may differ from `messages`."""
     if not messages:
         raise ValueError("append_messages: nothing to append")
     ids: list[int] = []
@@ -94,13 +95,13 @@ async def append_batch(session: AsyncSession, *, rollout_id: str, parent_id: int
                   "role": msg.role, "body": storable(msg.body), "state": storable(msg.state), "tokens": msg.tokens}
         new_id = await session.scalar(_APPEND_FIRST if previous is None else _APPEND_AFTER, values)
         if new_id is None:
-            existing = await _produced(session, rollout_id, producer)
+            existing = await produced(session, rollout_id, producer)
             if existing:  # this producer already wrote (a retry, or a concurrent attempt that won): its batch
-                return existing, False
+                return [], existing
             raise LookupError(f"message {previous} is not part of rollout {rollout_id!r}")
         ids.append(new_id)
         previous = new_id
-    return ids, True
+    return ids, None
 
 
 # Plain SQL (one statement each, compiled once): the hot path of every turn. The position comes from the parent
@@ -150,10 +151,6 @@ async def produced(session: AsyncSession, rollout_id: str, producer: str) -> lis
     rows = await session.scalars(sa.select(MessageRow).where(
         MessageRow.rollout_id == rollout_id, MessageRow.producer == producer).order_by(MessageRow.producer_index))
     return [StoredMessage(r.id, r.parent_id, r.position, r.role, r.body, r.state, r.tokens) for r in rows]
-
-
-async def _produced(session: AsyncSession, rollout_id: str, producer: str) -> list[int]:
-    return [m.id for m in await produced(session, rollout_id, producer)]
 
 
 _CHAIN = sa.text("""
