@@ -18,7 +18,7 @@ from environments.registry import get_environment
 from gymflow.kernel import names
 from gymflow.kernel.errors import ToolError, VerifierError
 from gymflow.kernel.failures import known
-from gymflow.kernel.store.repo import mark_rollout_started
+from gymflow.kernel.store.repo import driver, mark_rollout_started
 from gymflow.kernel.wire import (
     JSON,
     ChatMessage,
@@ -122,7 +122,7 @@ class EnvActivities:
 
             async def write() -> None:
                 async with self._sessions.begin() as session:
-                    await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
+                    await mark_rollout_started(await driver(session), rollout_id=req.rollout_id, run_id=req.run_id,
                                                task_id=req.task.id, sample_index=req.sample_index,
                                                env=req.task.env, model=req.model)
 

@@ -18,11 +18,12 @@ import copy
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -47,11 +48,13 @@ from gymflow.kernel.episode_wire import (
 )
 from gymflow.kernel.errors import GymflowError, TaskError
 from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, short_message
+from gymflow.kernel.store.direct import DirectPool
 from gymflow.kernel.store.episodes import (
     NewMessage,
     StoredMessage,
     append_batch,
     as_stored,
+    encode,
     latest_state,
     load_task,
     load_task_tools,
@@ -60,7 +63,7 @@ from gymflow.kernel.store.episodes import (
     save_episode,
     save_task_tools,
 )
-from gymflow.kernel.store.repo import mark_rollout_started
+from gymflow.kernel.store.repo import Conn, mark_rollout_started
 from gymflow.kernel.wire import (
     ChatMessage,
     GenerateRequest,
@@ -81,6 +84,7 @@ _TASK_CACHE = 1024
 _POLICIES = PolicyCache()  # the current policy version per model, at most ~0.5 s old
 
 
+T = TypeVar("T")
 TOOLS_PART = "/tools"  # the producer suffix of the tool messages a `turn` activity appends after its reply
 _GENERATING = frozenset({names.EPISODE_GENERATE, names.EPISODE_TURN})
 
@@ -99,10 +103,12 @@ def _chat(messages: list[StoredMessage]) -> tuple[ChatMessage, ...]:
 class EpisodeActivities:
     def __init__(self, sessions: async_sessionmaker, models: ModelClients,
                  env_options: dict[str, dict[str, Any]] | None = None, store_retry_s: float = STORE_RETRY_S) -> None:
-        self._sessions = sessions
-        # Reads and single-statement writes need no transaction: autocommit saves BEGIN and COMMIT round trips.
-        self._autocommit = async_sessionmaker(sessions.kw["bind"].execution_options(isolation_level="AUTOCOMMIT"),
-                                              expire_on_commit=False)
+        self._sessions = sessions  # the policy reads (PolicyCache), at most one per model per ~0.5 s
+        engine = sessions.kw["bind"]
+        # The episode's own statements on psycopg directly, in autocommit: reads and single-statement writes need
+        # no BEGIN and COMMIT round trips; writes of several statements take a transaction.
+        self._direct = DirectPool(engine.url.render_as_string(hide_password=False),
+                                  max_size=engine.pool.size() + engine.pool._max_overflow)  # noqa: SLF001
         self._models = models
         self._env_options = env_options or {}
         self._judges = EnvActivities(sessions, models, env_options)  # the judge plumbing, shared
@@ -113,18 +119,28 @@ class EpisodeActivities:
 
     # ---- reads and writes, each retried on its own (bounded) so a database blip costs no model call ----
 
-    async def _read(self, what: str, read: Any) -> Any:
-        out: list[Any] = []
+    async def close(self) -> None:
+        await self._direct.close()
+
+    async def _read(self, what: str, read: Callable[[Conn], Awaitable[T]]) -> T:
+        out: list[T] = []
 
         async def attempt() -> None:
-            async with self._autocommit() as session:
-                out.append(await read(session))
+            async with self._direct.connection() as conn:
+                out.append(await read(conn))
 
         await retry_store(attempt, what, budget_s=self.store_retry_s)
         return out[-1]
 
     async def _read_policy(self, read: Any) -> Any:
-        return await self._read("reading the policy version", read)
+        out: list[Any] = []
+
+        async def attempt() -> None:
+            async with self._sessions() as session:
+                out.append(await read(session))
+
+        await retry_store(attempt, "reading the policy version", budget_s=self.store_retry_s)
+        return out[-1]
 
     async def _task(self, run_id: str, task_id: str) -> Task:
         key = (run_id, task_id)
@@ -164,7 +180,7 @@ class EpisodeActivities:
         return chain
 
     async def _append(self, rollout_id: str, chain: list[StoredMessage], messages: list[NewMessage],
-                      also: Callable[[AsyncSession], Awaitable[None]] | None = None, part: str = ""
+                      also: Callable[[Conn], Awaitable[None]] | None = None, part: str = ""
                       ) -> tuple[list[int], list[StoredMessage] | None]:
         """Append `messages` after `chain` (the episode up to its head; [] for the first messages), and run `also`
         in the same transaction. Returns their ids and None, or, when an earlier attempt of this producer had
@@ -172,20 +188,23 @@ class EpisodeActivities:
         cached, so its next step here reads nothing back."""
         producer, out = _producer(part), []
         parent = chain[-1] if chain else None
+        encoded = encode(messages)
         # One message and nothing else: a single INSERT (its conflict check is a read): no transaction needed.
         single = len(messages) == 1 and also is None
 
         async def write() -> None:
-            async with self._autocommit() if single else self._sessions.begin() as session:
-                out.append(await append_batch(session, rollout_id=rollout_id, parent_id=parent.id if parent else None,
-                                              producer=producer, messages=messages))
-                if also is not None:
-                    await also(session)
+            async with self._direct.connection() as conn:
+                async with nullcontext() if single else conn.transaction():
+                    out.append(await append_batch(conn, rollout_id=rollout_id,
+                                                  parent_id=parent.id if parent else None, producer=producer,
+                                                  messages=encoded))
+                    if also is not None:
+                        await also(conn)
 
         await retry_store(write, "appending to the episode", budget_s=self.store_retry_s)
         ids, earlier = out[-1]
         if earlier is None:
-            self._chains.put(rollout_id, [*chain, *as_stored(ids, parent, messages)])
+            self._chains.put(rollout_id, [*chain, *as_stored(ids, parent, encoded)])
         else:
             self._chains.drop(rollout_id)
         return ids, earlier
@@ -219,10 +238,10 @@ class EpisodeActivities:
             new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
             new[-1] = NewMessage(role=new[-1].role, body=new[-1].body, state=dict(state))
 
-            async def running(session: AsyncSession) -> None:
+            async def running(conn: Conn) -> None:
                 # The generate pool offers these to the model without importing environment code.
-                await save_task_tools(session, req.run_id, req.task_id, tools)
-                await mark_rollout_started(session, rollout_id=req.rollout_id, run_id=req.run_id,
+                await save_task_tools(conn, req.run_id, req.task_id, tools)
+                await mark_rollout_started(conn, rollout_id=req.rollout_id, run_id=req.run_id,
                                            task_id=req.task_id, sample_index=req.sample_index, env=task.env,
                                            model=req.model)
 
@@ -361,8 +380,8 @@ class EpisodeActivities:
                                    score_details=score.details if score else {})
 
             async def write() -> None:
-                async with self._autocommit() as session:  # one statement: atomic on its own
-                    await save_episode(session, record, chain)
+                async with self._direct.connection() as conn:  # one statement: atomic on its own
+                    await save_episode(conn, record, chain)
 
             await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
             self._chains.drop(summary.rollout_id)

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
 from gymflow.kernel.store.episodes import NewMessage, append_messages, latest_state, load_task, read_chain, save_tasks
+from gymflow.kernel.store.repo import driver
 from tests.helpers import user_task
 
 
@@ -28,12 +29,13 @@ def _msg(role: str, text: str, **kw) -> NewMessage:
 
 async def _append(sessions, rid: str, parent: int | None, producer: str, *msgs: NewMessage) -> list[int]:
     async with sessions.begin() as s:
-        return await append_messages(s, rollout_id=rid, parent_id=parent, producer=producer, messages=msgs)
+        return await append_messages(await driver(s), rollout_id=rid, parent_id=parent, producer=producer,
+                                     messages=msgs)
 
 
 async def _chain(sessions, head: int) -> list[str]:
     async with sessions() as s:
-        return [m.body["content"] for m in await read_chain(s, head)]
+        return [m.body["content"] for m in await read_chain(await driver(s), head)]
 
 
 async def test_a_head_names_exactly_its_prefix(sessions, run_id):
@@ -45,7 +47,7 @@ async def test_a_head_names_exactly_its_prefix(sessions, run_id):
     assert await _chain(sessions, a2) == ["sys", "q", "call", "out", "done"]
     assert await _chain(sessions, a1) == ["sys", "q", "call"]
     async with sessions() as s:
-        chain = await read_chain(s, a2)
+        chain = await read_chain(await driver(s), a2)
     assert [m.position for m in chain] == [0, 1, 2, 3, 4]
     assert latest_state(chain) == {"n": 1}
     assert latest_state(chain[:2]) == {}
@@ -103,5 +105,5 @@ async def test_tasks_are_stored_once_per_run(sessions, run_id):
     async with sessions.begin() as s:  # collecting the run again changes nothing
         await save_tasks(s, run_id, [task.model_copy(update={"env": "other"})])
     async with sessions() as s:
-        assert await load_task(s, run_id, "t1") == task
-        assert await load_task(s, run_id, "missing") is None
+        assert await load_task(await driver(s), run_id, "t1") == task
+        assert await load_task(await driver(s), run_id, "missing") is None

@@ -148,8 +148,14 @@ async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settin
     await gf.store_tasks(run_id, [task])
     engine = make_engine(stack.database_url, pre_ping=False)
     models = ModelClients(settings.models)
+    made: list[EpisodeActivities] = []
+
+    def worker() -> EpisodeActivities:
+        made.append(EpisodeActivities(make_sessionmaker(engine), models, settings.environments))
+        return made[-1]
+
     try:
-        first = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+        first = worker()
         rid = f"{run_id}/{task.id}/0"
         head = await _local(ActivityEnvironment(), "1", names.EPISODE_BEGIN).run(
             first.begin, BeginRequest(rollout_id=rid, run_id=run_id, task_id=task.id, sample_index=0,
@@ -163,19 +169,21 @@ async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settin
 
         # The worker died before its workflow task recorded the result; the task is retried on another worker
         # (no cache) and on this one (its cache is past the head): neither calls the model again.
-        for worker in (EpisodeActivities(make_sessionmaker(engine), models, settings.environments), first):
-            again = await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(worker.generate, turn)
+        for other in (worker(), first):
+            again = await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(other.generate, turn)
             assert (again.head_id, again.tool_calls) == (generated.head_id, 1)
         assert len(scripted.requests) == 1
 
         # A worker that holds the episode exactly up to the head calls the model (it cannot know another worker
         # ran this generate), but the reply stored first is the episode's: same head, same tool call.
-        stale = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+        stale = worker()
         await stale._chain(rid, head)  # noqa: SLF001 - prime its cache at the head
         raced = await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(stale.generate, turn)
         assert len(scripted.requests) == 2
         assert (raced.head_id, raced.tool_calls) == (generated.head_id, 1)
     finally:
+        for made_here in made:
+            await made_here.close()
         await models.close()
         await engine.dispose()
 

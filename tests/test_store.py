@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gymflow.kernel.store.db import make_engine, make_sessionmaker
-from gymflow.kernel.store.repo import mark_rollout_started, save_generation, save_rollout
+from gymflow.kernel.store.repo import driver, mark_rollout_started, save_generation, save_rollout
 from gymflow.kernel.wire import RolloutRecord, RolloutSummary
 
 
@@ -18,13 +18,13 @@ async def test_writes_are_idempotent(stack, gf, sql, run_id):
     try:
         for _ in range(2):  # a retried activity runs its write again
             async with sessions.begin() as s:
-                await mark_rollout_started(s, **start)
+                await mark_rollout_started(await driver(s), **start)
             async with sessions.begin() as s:
                 await save_generation(s, rollout_id=rid, turn=0, attempt=1, model="policy")
             async with sessions.begin() as s:
                 await save_rollout(s, done)
         async with sessions.begin() as s:  # a late, replayed setup must not turn a finished rollout back
-            await mark_rollout_started(s, **start)
+            await mark_rollout_started(await driver(s), **start)
     finally:
         await engine.dispose()
     assert sql("SELECT status, reward FROM rollouts WHERE run_id = %s", run_id) == [("completed", 1.0)]

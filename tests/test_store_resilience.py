@@ -21,7 +21,7 @@ from activities.model_client import ModelClients
 from activities.persist import PersistActivities
 from gymflow.kernel.failures import MAX_MESSAGE_CHARS
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
-from gymflow.kernel.store.repo import REPLACEMENT, mark_rollout_started
+from gymflow.kernel.store.repo import REPLACEMENT, driver, mark_rollout_started
 from gymflow.kernel.wire import (
     ChatMessage,
     GenerateRequest,
@@ -154,8 +154,8 @@ async def test_nul_in_tool_output_and_arguments_is_stored(gf, scripted, sql, fau
 async def test_nul_in_ids_is_stored(real_sessions, sql):
     rid = f"{RUN_ID}/nul\x00id/0"
     async with real_sessions.begin() as session:
-        await mark_rollout_started(session, rollout_id=rid, run_id=RUN_ID, task_id="nul\x00id", sample_index=0,
-                                   env="single_tool", model="po\x00licy")
+        await mark_rollout_started(await driver(session), rollout_id=rid, run_id=RUN_ID, task_id="nul\x00id",
+                                   sample_index=0, env="single_tool", model="po\x00licy")
     assert sql("SELECT task_id, model FROM rollouts WHERE id = %s", rid.replace("\x00", REPLACEMENT)) == [
         (f"nul{REPLACEMENT}id", f"po{REPLACEMENT}licy")]
 

@@ -67,6 +67,7 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     models = ModelClients(settings.models)
     out.closers.append(models.close)
     local = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+    out.closers.append(local.close)
     concurrency = settings.pools.workflows.concurrency
     # A workflow task stays open while its local activities run: with generation local (models.<name>.placement)
     # each rollout in flight holds a task slot for its model calls, so the slots must cover every rollout.
@@ -138,6 +139,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
         env = EnvActivities(sessions, models, settings.environments)
         persist = PersistActivities(sessions)
         episode = EpisodeActivities(sessions, models, settings.environments)
+        out.closers.append(episode.close)
         concurrency = settings.pools.env.concurrency
         out.workers.append(Worker(
             client, task_queue=names.ENV_QUEUE,
@@ -151,6 +153,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
 
         gen = GenerateActivities(models, sessions)
         episode_gen = EpisodeActivities(sessions, models, settings.environments)
+        out.closers.append(episode_gen.close)
         # One worker per model queue: a rollout waits for a worker that has its model instead of failing on
         # one that lacks it. Concurrency and the rate limit apply per model queue.
         for queue in generate_queues(settings, served_models(settings, generate_models)):

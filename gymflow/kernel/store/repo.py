@@ -9,19 +9,21 @@ unambiguous, where an escape like the text `\\u0000` would be indistinguishable 
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
 
-import sqlalchemy as sa
+from psycopg import AsyncConnection
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gymflow.kernel.store.models import Generation, Rollout, Run
+from gymflow.kernel.store.models import Generation, Run
 from gymflow.kernel.wire import RolloutRecord
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 REPLACEMENT = "\ufffd"
+Conn = AsyncConnection[Any]
 
 
 def storable(value: Any) -> Any:
@@ -42,18 +44,25 @@ async def upsert_run(session: AsyncSession, run_id: str, **fields: Any) -> None:
                           else stmt.on_conflict_do_nothing())
 
 
-async def mark_rollout_started(session: AsyncSession, *, rollout_id: str, run_id: str, task_id: str,
-                               sample_index: int, env: str, model: str) -> None:
+async def driver(session: AsyncSession) -> Conn:
+    """The psycopg connection under `session` (in its transaction): for the statements written for psycopg."""
+    raw = await (await session.connection()).get_raw_connection()
+    return raw.driver_connection
+
+
+_MARK_STARTED = """
+INSERT INTO rollouts (id, run_id, task_id, sample_index, env, model, status)
+VALUES (%(id)s, %(run_id)s, %(task_id)s, %(sample_index)s, %(env)s, %(model)s, 'running')
+ON CONFLICT (id) DO UPDATE SET status = 'running', started_at = now(), finished_at = NULL
+WHERE rollouts.status <> 'completed'
+"""
+
+
+async def mark_rollout_started(conn: Conn, *, rollout_id: str, run_id: str, task_id: str, sample_index: int,
+                               env: str, model: str) -> None:
     """Insert the row as `running` so SQL sees in-flight episodes. Never downgrades a finished row."""
-    values = storable(dict(id=rollout_id, run_id=run_id, task_id=task_id, sample_index=sample_index, env=env,
-                           model=model, status="running"))
-    stmt = insert(Rollout.__table__).values(**values)  # Core: the ORM's bulk path costs more than the statement
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[Rollout.id],
-        set_={"status": "running", "started_at": datetime.now(UTC), "finished_at": None},
-        where=Rollout.status != "completed",
-    )
-    await session.execute(stmt)
+    await conn.execute(_MARK_STARTED, storable(dict(id=rollout_id, run_id=run_id, task_id=task_id,
+                                                    sample_index=sample_index, env=env, model=model)))
 
 
 _NUMERIC = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
@@ -69,13 +78,25 @@ async def save_generation(session: AsyncSession, **values: Any) -> None:
 
 
 async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
-    await session.execute(rollout_upsert(record))
+    await (await driver(session)).execute(ROLLOUT_UPSERT, rollout_params(record))
 
 
-def rollout_upsert(record: RolloutRecord) -> sa.Insert:
-    """The statement that writes the rollout's row, replacing an earlier one (a retry, a rerun)."""
+_ROLLOUT_COLUMNS = ("id", "run_id", "task_id", "sample_index", "env", "model", "status", "reward", "masked",
+                    "failure_type", "failure_message", "turns", "tool_calls", "prompt_tokens", "completion_tokens",
+                    "attempts", "latency_s", "transcript", "score_details", "finished_at")
+_ROLLOUT_JSON = frozenset({"transcript", "score_details"})
+# Writes the rollout's row, replacing an earlier one (a retry, a rerun). Values come once, as EXCLUDED.
+ROLLOUT_UPSERT = f"""
+INSERT INTO rollouts ({", ".join(_ROLLOUT_COLUMNS)})
+VALUES ({", ".join(f"%({c})s::jsonb" if c in _ROLLOUT_JSON else f"%({c})s" for c in _ROLLOUT_COLUMNS)})
+ON CONFLICT (id) DO UPDATE SET {", ".join(f"{c} = EXCLUDED.{c}" for c in _ROLLOUT_COLUMNS[1:])}
+"""
+
+
+def rollout_params(record: RolloutRecord) -> dict[str, Any]:
+    """The parameters of ROLLOUT_UPSERT: every text made storable, the JSON columns as JSON text."""
     s = record.summary
-    values: dict[str, Any] = dict(
+    values: dict[str, Any] = storable(dict(
         id=s.rollout_id, run_id=s.run_id, task_id=s.task_id, sample_index=s.sample_index,
         env=record.env, model=record.model, status=s.status, reward=s.reward, masked=s.masked,
         failure_type=s.failure_type, failure_message=s.failure_message, turns=s.turns,
@@ -83,9 +104,8 @@ def rollout_upsert(record: RolloutRecord) -> sa.Insert:
         completion_tokens=s.usage.completion_tokens, attempts=s.attempts, latency_s=s.latency_s,
         transcript=[m.model_dump(exclude_none=True) for m in record.transcript],
         score_details=record.score_details,
-    )
-    values = storable(values)
+    ))
+    values["transcript"], values["score_details"] = json.dumps(values["transcript"]), \
+        json.dumps(values["score_details"])
     values["finished_at"] = datetime.now(UTC)
-    stmt = insert(Rollout.__table__).values(**values)
-    update = {k: v for k, v in values.items() if k != "id"}
-    return stmt.on_conflict_do_update(index_elements=[Rollout.id], set_=update)
+    return values

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.store.episodes import read_chain
+from gymflow.kernel.store.repo import driver
 
 VIEWS = ("run_scores", "failure_counts", "latency_percentiles")
 Row = dict[str, Any]
@@ -106,7 +107,7 @@ async def live_episode(session: AsyncSession, rollout_id: str) -> tuple[list[Any
     head = await session.scalar(sa.text("SELECT max(id) FROM messages WHERE rollout_id = :rid"), {"rid": rollout_id})
     if head is None:
         return None
-    chain = await read_chain(session, head)
+    chain = await read_chain(await driver(session), head)
     generations: list[Row] = []
     for m in chain:
         if m.role != "assistant" or m.tokens is None:
