@@ -45,6 +45,9 @@ from gymflow.kernel.episode_wire import (
     ToolsRan,
     Turned,
     TurnRequest,
+    advanced,
+    ends_after,
+    episode_summary,
 )
 from gymflow.kernel.errors import GymflowError, TaskError
 from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, short_message
@@ -86,6 +89,7 @@ _POLICIES = PolicyCache()  # the current policy version per model, at most ~0.5 
 
 T = TypeVar("T")
 TOOLS_PART = "/tools"  # the producer suffix of the tool messages a `turn` activity appends after its reply
+BEGIN_PART = "/begin"  # ... and of the initial messages of a `turn` activity that begins the episode
 _GENERATING = frozenset({names.EPISODE_GENERATE, names.EPISODE_TURN})
 
 
@@ -225,29 +229,31 @@ class EpisodeActivities:
     @activity.defn(name=names.EPISODE_BEGIN)
     async def begin(self, req: BeginRequest) -> int:
         with boundary():
-            task = await self._task(req.run_id, req.task_id)
-            metrics.rollout_started(req.run_id, task.env, req.model, activity.info().attempt)
-            with boundary("environment", f"{task.env} setup"):
-                env = get_environment(task.env)
-                data = env.parse_task(task)
-                initial = list(env.initial_messages(task, data))
-                state = env.setup(task, data)
-                tools = tuple(env.tools(task, data))
-            if not initial:
-                raise TaskError("the task has no prompt messages")
-            new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
-            new[-1] = NewMessage(role=new[-1].role, body=new[-1].body, state=dict(state))
+            return await self._begin(req)
 
-            async def running(conn: Conn) -> None:
-                # The generate pool offers these to the model without importing environment code.
-                await save_task_tools(conn, req.run_id, req.task_id, tools)
-                await mark_rollout_started(conn, rollout_id=req.rollout_id, run_id=req.run_id,
-                                           task_id=req.task_id, sample_index=req.sample_index, env=task.env,
-                                           model=req.model)
+    async def _begin(self, req: BeginRequest, part: str = "") -> int:
+        task = await self._task(req.run_id, req.task_id)
+        metrics.rollout_started(req.run_id, task.env, req.model, activity.info().attempt)
+        with boundary("environment", f"{task.env} setup"):
+            env = get_environment(task.env)
+            data = env.parse_task(task)
+            initial = list(env.initial_messages(task, data))
+            state = env.setup(task, data)
+            tools = tuple(env.tools(task, data))
+        if not initial:
+            raise TaskError("the task has no prompt messages")
+        new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
+        new[-1] = NewMessage(role=new[-1].role, body=new[-1].body, state=dict(state))
 
-            ids, earlier = await self._append(req.rollout_id, [], new, also=running)
-            self._task_tools[(req.run_id, req.task_id)] = tools
-            return earlier[-1].id if earlier else ids[-1]
+        async def running(conn: Conn) -> None:
+            # The generate pool offers these to the model without importing environment code.
+            await save_task_tools(conn, req.run_id, req.task_id, tools)
+            await mark_rollout_started(conn, rollout_id=req.rollout_id, run_id=req.run_id, task_id=req.task_id,
+                                       sample_index=req.sample_index, env=task.env, model=req.model)
+
+        ids, earlier = await self._append(req.rollout_id, [], new, also=running, part=part)
+        self._task_tools[(req.run_id, req.task_id)] = tools
+        return earlier[-1].id if earlier else ids[-1]
 
     @activity.defn(name=names.EPISODE_GENERATE)
     async def generate(self, req: TurnRequest) -> Generated:
@@ -257,19 +263,39 @@ class EpisodeActivities:
     @activity.defn(name=names.EPISODE_TURN)
     async def turn(self, req: TurnRequest) -> Turned:
         """generate, then run_tools on the reply: one local activity hop per turn instead of two, for episodes
-        whose generation and environment are both local. A retry finds the stored reply (and tool messages)
-        instead of calling the model (and tools) again."""
-        with boundary(where=f"generate turn {req.turn}"):
-            gen = await self._generate(req)
-        if not gen.tool_calls:
-            return Turned(generated=gen)
+        whose generation and environment are both local; with `req.begin`, the episode's setup first, and with
+        `req.finish`, its verify and persist after when it ends in this turn. A retry finds what was stored
+        (setup, reply, tool messages) instead of running it again. A failure after something was stored says
+        what in its details, so the workflow keeps it (the recorded transcript ends where the episode did)."""
+        stored: dict[str, Any] = {}
         try:
+            if req.begin is not None:
+                with boundary():
+                    req = req.model_copy(update={"head_id": await self._begin(req.begin, BEGIN_PART)})
+                stored["begun"] = req.head_id
+            with boundary(where=f"generate turn {req.turn}"):
+                gen = await self._generate(req)
+            stored["generated"] = gen.model_dump(mode="json")
+            ran = None
+            if gen.tool_calls:
+                with boundary():
+                    ran = await self._run_tools(req.model_copy(update={"head_id": gen.head_id}), TOOLS_PART)
+                stored["ran"] = ran.model_dump(mode="json")
+            plan = req.finish
+            if plan is None or not ends_after(ep := advanced(plan.episode, gen, ran), gen, ran, plan.max_turns):
+                return Turned(generated=gen, ran=ran)
+            summary = episode_summary(rollout_id=req.rollout_id, run_id=req.run_id, task_id=req.task_id,
+                                      sample_index=plan.sample_index, ep=ep, failure=None, latency_s=0.0)
             with boundary():
-                ran = await self._run_tools(req.model_copy(update={"head_id": gen.head_id}), TOOLS_PART)
-        except ApplicationError as err:  # the reply is stored: the details tell the workflow, which keeps it
-            raise ApplicationError(err.message, {"generated": gen.model_dump(mode="json")}, type=err.type,
-                                   non_retryable=err.non_retryable, next_retry_delay=err.next_retry_delay) from None
-        return Turned(generated=gen, ran=ran)
+                finished = await self._finish(FinishRequest(summary=summary, env=plan.env, model=req.model,
+                                                            head_id=ep.head_id, verify=True,
+                                                            started_at=ep.started_at))
+            return Turned(generated=gen, ran=ran, finished=finished)
+        except ApplicationError as err:
+            if not stored:
+                raise
+            raise ApplicationError(err.message, stored, type=err.type, non_retryable=err.non_retryable,
+                                   next_retry_delay=err.next_retry_delay) from None
 
     async def _generate(self, req: TurnRequest) -> Generated:
         info = activity.info()
@@ -367,27 +393,30 @@ class EpisodeActivities:
     @activity.defn(name=names.EPISODE_FINISH)
     async def finish(self, req: FinishRequest) -> Finished:
         with boundary():
-            summary = req.summary
-            if req.started_at is not None:
-                summary = summary.model_copy(update={"latency_s": round(
-                    (datetime.now(UTC) - req.started_at).total_seconds(), 4)})
-            chain = await self._chain(summary.rollout_id, req.head_id) if req.head_id is not None else []
-            score = await self._verify(req, chain) if req.verify else None
-            if score is not None:
-                summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
-                                                     "failure_type": score.failure_type})
-            record = RolloutRecord(summary=summary, env=req.env, model=req.model, transcript=_chat(chain),
-                                   score_details=score.details if score else {})
+            return await self._finish(req)
 
-            async def write() -> None:
-                async with self._direct.connection() as conn:  # one statement: atomic on its own
-                    await save_episode(conn, record, chain)
+    async def _finish(self, req: FinishRequest) -> Finished:
+        summary = req.summary
+        if req.started_at is not None:
+            summary = summary.model_copy(update={"latency_s": round(
+                (datetime.now(UTC) - req.started_at).total_seconds(), 4)})
+        chain = await self._chain(summary.rollout_id, req.head_id) if req.head_id is not None else []
+        score = await self._verify(req, chain) if req.verify else None
+        if score is not None:
+            summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
+                                                 "failure_type": score.failure_type})
+        record = RolloutRecord(summary=summary, env=req.env, model=req.model, transcript=_chat(chain),
+                               score_details=score.details if score else {})
 
-            await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
-            self._chains.drop(summary.rollout_id)
-            metrics.rollout_finished(record)
-            return Finished(reward=summary.reward, masked=summary.masked, failure_type=summary.failure_type,
-                            latency_s=summary.latency_s if req.started_at is not None else None)
+        async def write() -> None:
+            async with self._direct.connection() as conn:  # one statement: atomic on its own
+                await save_episode(conn, record, chain)
+
+        await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
+        self._chains.drop(summary.rollout_id)
+        metrics.rollout_finished(record)
+        return Finished(reward=summary.reward, masked=summary.masked, failure_type=summary.failure_type,
+                        latency_s=summary.latency_s if req.started_at is not None else None)
 
     async def _verify(self, req: FinishRequest, chain: list[StoredMessage]) -> Score:
         task = await self._task(req.summary.run_id, req.summary.task_id)

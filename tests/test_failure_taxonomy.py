@@ -299,6 +299,13 @@ async def _recorded_typed_and_short(gf: GymflowClient, scripted, sql, case: str,
         assert status == "failed" and message
         assert len(message) <= MAX_MESSAGE_CHARS and "Traceback" not in message and "\n" not in message
         assert TRACEBACK_TEXT.splitlines()[1] not in message
+    # The record keeps what the episode stored before it failed (with every step local, the turn activity that
+    # also begins and finishes the episode says what in its failure's details).
+    (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
+    ends_with = {"context": "user", "env_tool": "assistant", "env_verify": "assistant", "masked": "assistant",
+                 "env_setup": None}
+    if case in ends_with:
+        assert (transcript[-1]["role"] if transcript else None) == ends_with[case], (case, transcript)
     if expected in ("context_length_exceeded", "model_bad_request", "model_auth_failed"):
         assert len(scripted.requests) == 1, "a deterministic model failure is not retried"
     if case in ("5xx", "429", "reset", "html_200", "no_choices", "null_message"):

@@ -50,7 +50,8 @@ async def _local_activities(client: GymflowClient, rollout_id: str) -> list[str]
     """The activity types of the rollout's local activity markers, in order."""
     history = await client.temporal.get_workflow_handle(rollout_id).fetch_history()
     return [json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
-            for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+            for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+            and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
 
 
 async def test_a_local_episode_is_one_workflow_task_with_the_same_data(local_gen, scripted, sql, run_id):
@@ -68,9 +69,9 @@ async def test_a_local_episode_is_one_workflow_task_with_the_same_data(local_gen
     events = await _event_types(local_gen, inp.rollout_id)
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events  # no queue hop
     assert events.count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 1
-    # the environment is local too: each turn (generate, then the tools it called) is one local activity
-    assert await _local_activities(local_gen, inp.rollout_id) == [
-        names.EPISODE_BEGIN, names.EPISODE_TURN, names.EPISODE_TURN, names.EPISODE_FINISH]
+    # the environment is local too: each turn (generate, then the tools it called) is one local activity; the
+    # first also begins the episode and the last verifies and persists it
+    assert await _local_activities(local_gen, inp.rollout_id) == [names.EPISODE_TURN, names.EPISODE_TURN]
 
     (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]
     assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool", "assistant"]
@@ -190,10 +191,12 @@ async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settin
 
 async def test_record_local_generation_histories_for_replay(local_gen, scripted, run_id):
     """Episodes with generation local, kept in tests/histories/ for the replay test (GYMFLOW_RECORD_HISTORIES=1
-    rewrites them); here each must replay as recorded, through the SDK's strict sandbox."""
+    rewrites them); here each must replay as recorded, through the SDK's strict sandbox. They have begin and
+    finish folded into the turns (EpisodeInput.folded_turns); the local_generate_* histories, recorded before
+    that, stay committed so the unfolded shape keeps replaying."""
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"),  # single tool
                     tool_call("get_weather", {"city": "SF"}), context_length_error(),  # fails in turn 2
                     tool_call("get_weather", {"city": "A"}), tool_call("get_weather", {"city": "B"}), text("ok"))
     await record_episode_histories(local_gen, run_id, {
-        "local_generate_single_tool": {}, "local_generate_context_length_failure": {},
-        "local_generate_continue_as_new": {"turns_per_run": 1}})
+        "folded_turns_single_tool": {}, "folded_turns_context_length_failure": {},
+        "folded_turns_continue_as_new": {"turns_per_run": 1}})

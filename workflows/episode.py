@@ -21,13 +21,16 @@ with workflow.unsafe.imports_passed_through():
         EpisodeInput,
         EpisodeRef,
         Finished,
+        FinishPlan,
         FinishRequest,
         Generated,
         ToolsRan,
         Turned,
         TurnRequest,
+        advanced,
+        episode_summary,
     )
-    from gymflow.kernel.wire import ActivityLimits, RolloutSummary, Usage
+    from gymflow.kernel.wire import ActivityLimits, RolloutSummary
     from workflows.rollout import activity_options, failure_of, local_activity_options, should_continue_as_new
 
 R = TypeVar("R")
@@ -50,6 +53,7 @@ class EpisodeWorkflow:
     def __init__(self) -> None:
         self._stage = "starting"
         self._episode: EpisodeRef | None = None  # the last accepted head, kept for failure records
+        self._finished: Finished | None = None  # set when the last turn's activity verified and persisted
 
     @workflow.query
     def stage(self) -> str:
@@ -65,12 +69,18 @@ class EpisodeWorkflow:
         started = inp.episode.started_at if inp.episode else workflow.now()
         self._episode = inp.episode
         failure: tuple[str, str] | None = None
+        # Begin and finish inside the turns (EpisodeInput.folded_turns): a single-turn episode is one local activity
+        # instead of three. Needs every step local and at least one turn to fold them into.
+        folded = (inp.folded_turns and inp.placement == "local" and inp.generate_placement == "local"
+                  and (self._episode.turn if self._episode else 0) < inp.max_turns)
         try:
-            if self._episode is None:
+            if self._episode is None and not folded:
                 self._episode = await self._begin(inp, started)
-            await self._turns(inp)
+            await (self._folded_turns(inp, started) if folded else self._turns(inp))
         except ActivityError as err:
             failure = failure_of(err)
+        if self._finished is not None:
+            return self._completed(self._summary(inp, started, None), self._finished, None)
         return await self._finish(inp, started, failure)
 
     async def _on_env(self, inp: EpisodeInput, name: str, arg: Any, result_type: type[R],
@@ -85,11 +95,13 @@ class EpisodeWorkflow:
 
     async def _begin(self, inp: EpisodeInput, started: datetime) -> EpisodeRef:
         self._enter("setup")
-        head = await self._on_env(
-            inp, names.EPISODE_BEGIN, BeginRequest(rollout_id=inp.rollout_id, run_id=inp.run_id,
-                                                   task_id=inp.task_id, sample_index=inp.sample_index,
-                                                   model=inp.model), int)
+        head = await self._on_env(inp, names.EPISODE_BEGIN, self._begin_request(inp), int)
         return EpisodeRef(head_id=head, started_at=started)
+
+    @staticmethod
+    def _begin_request(inp: EpisodeInput) -> BeginRequest:
+        return BeginRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id,
+                            sample_index=inp.sample_index, model=inp.model)
 
     async def _turns(self, inp: EpisodeInput) -> None:
         gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
@@ -99,12 +111,11 @@ class EpisodeWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"episode": ep}))
             self._enter("generate")
-            turn = TurnRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, model=inp.model,
-                               turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling,
-                               max_episode_bytes=inp.limits.max_episode_bytes)
+            turn = self._turn_request(inp, ep)
             ran: ToolsRan | None = None
             if inp.generate_placement == "local" and inp.placement == "local":  # the whole turn, one activity
-                gen, ran = await self._turn_here(inp, turn)
+                turned = await self._turn_here(inp, turn, ep.started_at)
+                gen, ran = turned.generated, turned.ran
             elif inp.generate_placement == "local":  # this pool calls the model (models.<name>.placement)
                 gen = await _local_activity(names.EPISODE_GENERATE, turn, Generated, inp.limits.generate)
             else:
@@ -122,33 +133,65 @@ class EpisodeWorkflow:
             if ran.done:  # the environment ended the episode; never true in histories recorded before `done`
                 return
 
+    async def _folded_turns(self, inp: EpisodeInput, started: datetime) -> None:
+        """Every step local (EpisodeInput.folded_turns): each turn is one local activity, the first one begins the
+        episode, and the one after which it ends verifies and persists it (then `_finished` is set)."""
+        turns_here = 0
+        while self._finished is None:  # bounded: every turn advances ep.turn, and max_turns ends the episode
+            ep = self._episode
+            if ep is not None and turns_here and should_continue_as_new(inp.turns_per_run, turns_here):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(inp.model_copy(update={"episode": ep}))
+            self._enter("generate" if ep is not None else "setup")
+            before = ep or EpisodeRef(head_id=0, started_at=started)
+            turn = self._turn_request(inp, before).model_copy(update={
+                "begin": None if ep is not None else self._begin_request(inp),
+                "finish": FinishPlan(episode=before, env=inp.env, sample_index=inp.sample_index,
+                                     max_turns=inp.max_turns)})
+            turned = await self._turn_here(inp, turn, started)
+            self._episode = advanced(before, turned.generated, turned.ran)
+            self._finished = turned.finished
+            turns_here += 1
+
+    @staticmethod
+    def _turn_request(inp: EpisodeInput, ep: EpisodeRef) -> TurnRequest:
+        return TurnRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, model=inp.model,
+                           turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling,
+                           max_episode_bytes=inp.limits.max_episode_bytes)
+
     def _generated(self, ep: EpisodeRef, gen: Generated) -> EpisodeRef:
         self._episode = ep.model_copy(update={"head_id": gen.head_id, "turn": ep.turn + 1,
                                               "usage": ep.usage + gen.usage, "attempts": ep.attempts + gen.attempt})
         return self._episode
 
-    async def _turn_here(self, inp: EpisodeInput, turn: TurnRequest) -> tuple[Generated, ToolsRan | None]:
-        """generate and run_tools as one local activity. When the tools failed after the reply was stored, the
-        failure carries the reply: the episode keeps it, so the recorded transcript ends with the tool calls."""
+    async def _turn_here(self, inp: EpisodeInput, turn: TurnRequest, started: datetime) -> Turned:
+        """The turn as one local activity (generate and run_tools; with folded_turns also begin and finish). When
+        it failed after storing part of the turn, the failure's details say what (the begun head, the reply, the
+        tool messages): the episode keeps them, so the recorded transcript ends where the episode did."""
         try:
-            turned = await _local_activity(names.EPISODE_TURN, turn, Turned, inp.limits.generate)
+            return await _local_activity(names.EPISODE_TURN, turn, Turned, inp.limits.generate)
         except ActivityError as err:
             cause = err.cause
             stored = cause.details[0] if isinstance(cause, ApplicationError) and cause.details else None
-            if isinstance(stored, dict) and "generated" in stored and self._episode is not None:
-                self._generated(self._episode, Generated.model_validate(stored["generated"]))
+            if isinstance(stored, dict):
+                self._keep_stored(stored, started)
             raise
-        return turned.generated, turned.ran
+
+    def _keep_stored(self, stored: dict[str, Any], started: datetime) -> None:
+        if "begun" in stored and self._episode is None:
+            self._episode = EpisodeRef(head_id=stored["begun"], started_at=started)
+        if "generated" in stored and self._episode is not None:
+            ran = ToolsRan.model_validate(stored["ran"]) if "ran" in stored else None
+            self._episode = advanced(self._episode, Generated.model_validate(stored["generated"]), ran)
+
+    def _summary(self, inp: EpisodeInput, started: datetime, failure: tuple[str, str] | None) -> RolloutSummary:
+        return episode_summary(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id,
+                               sample_index=inp.sample_index, ep=self._episode, failure=failure,
+                               latency_s=(workflow.now() - started).total_seconds())
 
     async def _finish(self, inp: EpisodeInput, started: datetime, failure: tuple[str, str] | None) -> RolloutSummary:
         ep = self._episode
-        summary = RolloutSummary(
-            rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, sample_index=inp.sample_index,
-            status="failed" if failure else "completed", failure_type=failure[0] if failure else None,
-            failure_message=failure[1] if failure else None, turns=ep.turn if ep else 0,
-            tool_calls=ep.tool_calls if ep else 0, usage=ep.usage if ep else Usage(),
-            attempts=ep.attempts if ep else 0,
-            latency_s=(workflow.now() - started).total_seconds())
+        summary = self._summary(inp, started, failure)
         self._enter("verify" if failure is None else "persist")
         request = FinishRequest(summary=summary, env=inp.env, model=inp.model, head_id=ep.head_id if ep else None,
                                 verify=failure is None, started_at=started)
@@ -170,6 +213,10 @@ class EpisodeWorkflow:
             # it had been recorded), so the client records it once the store is back.
             kind, message = failure_of(err)
             raise ApplicationError(message, type=kind, non_retryable=True) from None
+        return self._completed(summary, done, failure)
+
+    def _completed(self, summary: RolloutSummary, done: Finished, failure: tuple[str, str] | None) -> RolloutSummary:
+        """The workflow's result once the rollout is persisted (a failure raises, carrying the summary)."""
         summary = summary.model_copy(update={"reward": done.reward, "masked": done.masked,
                                              "failure_type": done.failure_type,
                                              "latency_s": summary.latency_s if done.latency_s is None

@@ -45,6 +45,11 @@ class EpisodeInput(Wire):
     generate_placement: Literal["local", "pool"] = Field(
         "pool", description="Where generate runs: a local activity in the workflow pool, or an activity on the "
                             "model's generate queue (models.<name>.placement)")
+    folded_turns: bool = Field(
+        False, description="With every step local, begin in the first turn's activity and finish in the last "
+                           "one's. Set by clients from this version on; False in histories recorded before, which "
+                           "replay as they ran (a field of the input, not a patch marker: a patch also upserts a "
+                           "search attribute, one more visibility write per rollout)")
 
     @property
     def rollout_id(self) -> str:
@@ -59,8 +64,19 @@ class BeginRequest(Wire):
     model: str
 
 
+class FinishPlan(Wire):
+    """What a `turn` activity needs to finish the episode itself when it ends in that turn (no tool call, a
+    call that ended it, or max_turns reached): one local activity less per episode."""
+
+    episode: EpisodeRef  # the counters before this turn
+    env: str
+    sample_index: int
+    max_turns: int
+
+
 class TurnRequest(Wire):
-    """For `generate` (continue the chain at `head_id`) and `run_tools` (run the calls of `head_id`)."""
+    """For `generate` (continue the chain at `head_id`) and `run_tools` (run the calls of `head_id`); for `turn`,
+    optionally begin the episode first (`begin`: then `head_id` is unused) and finish it after (`finish`)."""
 
     rollout_id: str
     run_id: str
@@ -70,6 +86,8 @@ class TurnRequest(Wire):
     head_id: int
     sampling: SamplingParams = SamplingParams()
     max_episode_bytes: int | None = None  # RolloutLimits.max_episode_bytes; None in histories from before it
+    begin: BeginRequest | None = None
+    finish: FinishPlan | None = None
 
 
 class Generated(Wire):
@@ -89,10 +107,37 @@ class ToolsRan(Wire):
 
 
 class Turned(Wire):
-    """One turn in one activity: the model's reply, and the tools it called (None when it called none)."""
+    """One turn in one activity: the model's reply, and the tools it called (None when it called none); and when
+    the request asked to finish and the episode ended in this turn, the finish's result."""
 
     generated: Generated
     ran: ToolsRan | None = None
+    finished: Finished | None = None
+
+
+def advanced(ep: EpisodeRef, gen: Generated, ran: ToolsRan | None) -> EpisodeRef:
+    """The episode after one turn: the reply, then its tool messages (when it called tools)."""
+    ep = ep.model_copy(update={"head_id": gen.head_id, "turn": ep.turn + 1, "usage": ep.usage + gen.usage,
+                               "attempts": ep.attempts + gen.attempt})
+    if ran is not None:
+        ep = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
+    return ep
+
+
+def ends_after(ep: EpisodeRef, gen: Generated, ran: ToolsRan | None, max_turns: int) -> bool:
+    """Whether the episode ends after this turn (`ep` is the episode after it): the workflow's loop condition."""
+    return not gen.tool_calls or (ran is not None and ran.done) or ep.turn >= max_turns
+
+
+def episode_summary(*, rollout_id: str, run_id: str, task_id: str, sample_index: int, ep: EpisodeRef | None,
+                    failure: tuple[str, str] | None, latency_s: float) -> RolloutSummary:
+    """The rollout's summary from the episode's counters, before verification."""
+    return RolloutSummary(
+        rollout_id=rollout_id, run_id=run_id, task_id=task_id, sample_index=sample_index,
+        status="failed" if failure else "completed", failure_type=failure[0] if failure else None,
+        failure_message=failure[1] if failure else None, turns=ep.turn if ep else 0,
+        tool_calls=ep.tool_calls if ep else 0, usage=ep.usage if ep else Usage(),
+        attempts=ep.attempts if ep else 0, latency_s=latency_s)
 
 
 class FinishRequest(Wire):
@@ -123,4 +168,4 @@ def episode_input(inp: RolloutInput, placement: Literal["local", "pool"] = "pool
     return EpisodeInput(run_id=inp.run_id, task_id=inp.task.id, env=inp.task.env, sample_index=inp.sample_index,
                         model=inp.model, sampling=sampling, max_turns=inp.max_turns, limits=inp.limits,
                         turns_per_run=inp.turns_per_run, placement=placement,
-                        generate_placement=generate_placement)
+                        generate_placement=generate_placement, folded_turns=True)
