@@ -81,6 +81,7 @@ async def test_a_local_episode_is_one_workflow_task_with_the_same_data(local_gen
     # the API key reached the model (the workflow pool holds the model clients now) and no history
     headers = {k.lower(): v for k, v in scripted.requests[-1].headers.items()}
     assert headers.get("authorization", "").startswith("Bearer ")
+    assert headers.get("x-gymflow-rollout") == inp.rollout_id  # create()'s extra_headers, sent by client.post
 
 
 async def test_local_generation_retries_bounded_and_fails_typed(local_gen, scripted, sql, run_id):
