@@ -150,6 +150,7 @@ async def workers(stack: StackAddresses, settings: Settings, generate_pool: Gene
     yield
     await asyncio.gather(*(w.shutdown() for w in all_workers))
     await asyncio.gather(*runs, return_exceptions=True)
+    await built.close()
     await env_pool.close()
 
 

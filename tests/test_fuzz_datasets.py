@@ -29,7 +29,7 @@ from gymflow.prepare import prepare
 
 ENV = "single_tool"  # takes any prompt and needs no verifier fields
 STEM = "data"
-RESERVED = {"id", "env", "responses_create_params", "messages", "tools", "agent_ref"}
+RESERVED = {"id", "env", "responses_create_params", "messages", "tools", "agent_ref", "max_turns"}  # fields read
 
 text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=30)
 id_text = st.text(st.characters(exclude_categories=("Cc", "Cs", "Zl", "Zp"), exclude_characters="/"), max_size=20)
