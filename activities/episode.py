@@ -126,25 +126,19 @@ class EpisodeActivities:
     async def close(self) -> None:
         await self._direct.close()
 
-    async def _read(self, what: str, read: Callable[[Conn], Awaitable[T]]) -> T:
+    async def _read(self, what: str, read: Callable[[Conn], Awaitable[T]], connect: Any = None) -> T:
+        """`read` on a connection of `connect` (default: the episode's psycopg pool), retried (bounded)."""
         out: list[T] = []
 
         async def attempt() -> None:
-            async with self._direct.connection() as conn:
+            async with (connect or self._direct.connection)() as conn:
                 out.append(await read(conn))
 
         await retry_store(attempt, what, budget_s=self.store_retry_s)
         return out[-1]
 
     async def _read_policy(self, read: Any) -> Any:
-        out: list[Any] = []
-
-        async def attempt() -> None:
-            async with self._sessions() as session:
-                out.append(await read(session))
-
-        await retry_store(attempt, "reading the policy version", budget_s=self.store_retry_s)
-        return out[-1]
+        return await self._read("reading the policy version", read, connect=self._sessions)
 
     async def _task(self, run_id: str, task_id: str) -> Task:
         key = (run_id, task_id)

@@ -121,7 +121,7 @@ async def statement(n: int) -> None:
     from psycopg_pool import AsyncConnectionPool
 
     from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
-    from gymflow.kernel.store.direct import libpq_url
+    from gymflow.kernel.store.urls import psycopg_url
 
     stack = LocalStack(Path(tempfile.mkdtemp()))
     url = stack._start_postgres()  # noqa: SLF001 - Postgres alone
@@ -140,7 +140,7 @@ async def statement(n: int) -> None:
             async with engine.connect() as c:
                 await c.scalar(text, {"id": f"c{i}"})
 
-        pool = AsyncConnectionPool(libpq_url(url), min_size=2, max_size=10, open=False, kwargs={"autocommit": True})
+        pool = AsyncConnectionPool(psycopg_url(url), min_size=2, max_size=10, open=False, kwargs={"autocommit": True})
         await pool.open()
 
         async def psycopg_call(i: int) -> None:

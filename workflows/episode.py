@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         TurnRequest,
         advanced,
         episode_summary,
+        with_tools,
     )
     from gymflow.kernel.wire import ActivityLimits, RolloutSummary
     from workflows.rollout import activity_options, failure_of, local_activity_options, should_continue_as_new
@@ -129,7 +130,7 @@ class EpisodeWorkflow:
                 self._enter("tools")
                 ran = await self._on_env(inp, names.EPISODE_RUN_TOOLS,
                                          turn.model_copy(update={"head_id": ep.head_id}), ToolsRan)
-            self._episode = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
+            self._episode = with_tools(ep, ran)
             if ran.done:  # the environment ended the episode; never true in histories recorded before `done`
                 return
 
@@ -160,8 +161,7 @@ class EpisodeWorkflow:
                            max_episode_bytes=inp.limits.max_episode_bytes)
 
     def _generated(self, ep: EpisodeRef, gen: Generated) -> EpisodeRef:
-        self._episode = ep.model_copy(update={"head_id": gen.head_id, "turn": ep.turn + 1,
-                                              "usage": ep.usage + gen.usage, "attempts": ep.attempts + gen.attempt})
+        self._episode = advanced(ep, gen, None)
         return self._episode
 
     async def _turn_here(self, inp: EpisodeInput, turn: TurnRequest, started: datetime) -> Turned:

@@ -14,20 +14,14 @@ from typing import Any
 
 import psycopg
 
+from gymflow.kernel.store.urls import psycopg_url
+
 log = logging.getLogger(__name__)
 _QUERY = "SELECT id, role, body FROM messages WHERE id = ANY(%s)"
 
 
 class StoreUnavailable(Exception):
     """Postgres could not answer in time; the message is safe to show (no URL, no credentials)."""
-
-
-def psycopg_url(url: str) -> str:
-    """psycopg takes `postgresql://`; configs may carry SQLAlchemy's `postgresql+psycopg://`."""
-    for prefix in ("postgresql+psycopg://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix):]
-    return url
 
 
 class MessageLookup:

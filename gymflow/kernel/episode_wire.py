@@ -119,9 +119,12 @@ def advanced(ep: EpisodeRef, gen: Generated, ran: ToolsRan | None) -> EpisodeRef
     """The episode after one turn: the reply, then its tool messages (when it called tools)."""
     ep = ep.model_copy(update={"head_id": gen.head_id, "turn": ep.turn + 1, "usage": ep.usage + gen.usage,
                                "attempts": ep.attempts + gen.attempt})
-    if ran is not None:
-        ep = ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
-    return ep
+    return ep if ran is None else with_tools(ep, ran)
+
+
+def with_tools(ep: EpisodeRef, ran: ToolsRan) -> EpisodeRef:
+    """The episode after the tool messages of its head's calls."""
+    return ep.model_copy(update={"head_id": ran.head_id, "tool_calls": ep.tool_calls + ran.calls})
 
 
 def ends_after(ep: EpisodeRef, gen: Generated, ran: ToolsRan | None, max_turns: int) -> bool:

@@ -11,6 +11,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from gymflow.kernel.store.repo import Conn
+from gymflow.kernel.store.urls import psycopg_url
 
 CONNECT_TIMEOUT_S = 10
 CHECKOUT_TIMEOUT_S = 30
@@ -18,20 +19,12 @@ CHECKOUT_TIMEOUT_S = 30
 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
-def libpq_url(url: str) -> str:
-    """A SQLAlchemy URL (`postgresql+psycopg://`) as libpq takes it."""
-    for prefix in ("postgresql+psycopg://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix):]
-    return url
-
-
 class DirectPool:
     """Autocommit connections, opened on first use (inside the worker's event loop). Use `conn.transaction()`
     for more than one statement."""
 
     def __init__(self, url: str, max_size: int = 20) -> None:
-        self._pool = AsyncConnectionPool(libpq_url(url), min_size=1, max_size=max_size, open=False,
+        self._pool = AsyncConnectionPool(psycopg_url(url), min_size=1, max_size=max_size, open=False,
                                          timeout=CHECKOUT_TIMEOUT_S, name="gymflow-episodes",
                                          kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S})
         self._opened = False

@@ -256,18 +256,19 @@ def generation_rows(rollout_id: str, chain: Sequence[StoredMessage]) -> list[dic
     return rows
 
 
-_GENERATION_COLUMNS = ("rollout_id", "turn", "attempt", "model", "finish_reason", "prompt_tokens",
-                       "completion_tokens", "latency_s", "message", "prompt_token_ids", "generation_token_ids",
-                       "generation_log_probs", "policy_version")
-_GENERATION_TYPES = ("text", "int", "int", "text", "text", "int", "int", "float8", "jsonb", "jsonb", "jsonb", "jsonb",
-                     "text")
+# `generations`' columns as `generation_rows` writes them, with their types for jsonb_to_recordset.
+_GENERATION_TYPES = {"rollout_id": "text", "turn": "int", "attempt": "int", "model": "text", "finish_reason": "text",
+                     "prompt_tokens": "int", "completion_tokens": "int", "latency_s": "float8", "message": "jsonb",
+                     "prompt_token_ids": "jsonb", "generation_token_ids": "jsonb", "generation_log_probs": "jsonb",
+                     "policy_version": "text"}
+_GENERATION_COLUMNS = tuple(_GENERATION_TYPES)
 _SAVE_EPISODE = f"""
 WITH stale AS (DELETE FROM generations WHERE rollout_id = %(id)s AND turn >= %(n_turns)s),
 turns AS (
     INSERT INTO generations ({", ".join(_GENERATION_COLUMNS)})
     SELECT {", ".join(_GENERATION_COLUMNS)}
     FROM jsonb_to_recordset(%(generations)s::jsonb)
-        AS g({", ".join(f"{c} {t}" for c, t in zip(_GENERATION_COLUMNS, _GENERATION_TYPES, strict=True))})
+        AS g({", ".join(f"{c} {t}" for c, t in _GENERATION_TYPES.items())})
     ON CONFLICT (rollout_id, turn) DO UPDATE SET
         {", ".join(f"{c} = EXCLUDED.{c}" for c in _GENERATION_COLUMNS[2:])}, created_at = now()
 )
