@@ -146,7 +146,8 @@ async def latency_curve(bench: BenchStack, *, points: list[int], latency_s: floa
         rows.append({"in_flight": in_flight, "n": n, "capped_by_time": capped, "wall_s": got.wall_s,
                      "rollouts_per_s": got.rate, "model_calls_per_rollout": calls, "model_bound_per_s": bound,
                      "fraction_of_bound": got.rate / bound if bound else None, "statuses": got.statuses,
-                     "p95_latency_s": percentile(got.latencies, 95)})
+                     "p95_latency_s": percentile(got.latencies, 95),
+                     "cpu_ms_per_rollout_by_process": {k: round(1000 * v / n, 2) for k, v in got.cpu_s.items()}})
     held = [r["in_flight"] for r in rows if (r["fraction_of_bound"] or 0) >= 0.9]
     return {"workload": name, "workflow": workflow, "latency_s": latency_s, "time_cap_s": cap_s, "points": rows,
             "highest_in_flight_at_90pct": max(held) if held else None}

@@ -117,6 +117,26 @@ async def test_a_local_episode_cancelled_mid_call_is_recorded_typed(local_gen, s
         ("failed", "workflow_cancelled")]
 
 
+async def test_a_local_episode_cancelled_mid_episode_keeps_its_transcript(local_gen, scripted, sql, run_id):
+    # The cancel reaches a workflow whose turns run as local activities at its workflow task's heartbeat (80% of
+    # the 10 s task timeout); the running turn is then cancelled, and the turns before it are recorded.
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("too late", delay_s=15))
+    inp = local_gen.make_input(run_id, weather_task(), 0, "policy")
+    handle, _ = await local_gen.start_rollout(inp)
+    for _ in range(200):  # until the second model call is in flight
+        if len(scripted.requests) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await handle.cancel()
+    summary = await asyncio.wait_for(local_gen.result(handle, inp), timeout=14)  # before the slow reply
+    assert summary.status == "failed" and summary.failure_type == "workflow_cancelled"
+    assert (summary.turns, summary.tool_calls) == (1, 1)
+    (status, failure_type, transcript), = sql(
+        "SELECT status, failure_type, transcript FROM rollouts WHERE id = %s", inp.rollout_id)
+    assert (status, failure_type) == ("failed", "workflow_cancelled")
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool"]
+
+
 async def test_a_tool_failing_inside_a_turn_keeps_the_reply(settings, scripted, sql, run_id, faulty_env):  # noqa: F811
     models = {name: cfg.model_copy(update={"placement": "local"}) for name, cfg in settings.models.items()}
     envs = {**settings.environments, faulty_env: {"placement": "local"}}
