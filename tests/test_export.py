@@ -16,7 +16,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from gymflow.cli.main import cli  # noqa: E402
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate  # noqa: E402
-from gymflow.kernel.store.repo import save_generation, save_rollout  # noqa: E402
+from gymflow.kernel.store.repo import save_generation, save_rollout, upsert_run  # noqa: E402
 from gymflow.kernel.wire import ChatMessage, FunctionCall, RolloutRecord, RolloutSummary, ToolCall  # noqa: E402
 from gymflow.training.export import export_run  # noqa: E402
 
@@ -97,7 +97,7 @@ async def test_rl_records_round_trip(stack, run_id, tmp_path):
         assert good["input_ids"] == [1, 2, 3, 10, 100, 101, 7, 8, 200, 201, 202]
         assert good["loss_mask"] == [0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
         assert good["logprobs"] == pytest.approx([0, 0, 0, 0, -0.1, -0.2, 0, 0, -0.3, -0.4, -0.5])
-        assert good["policy_versions"] == ["step-1", "step-2"] and good["group_id"] == f"{run_id}/a"
+        assert good["policy_versions"] == ["step-1", "step-2"] and good["group_id"] == f"{run_id}/a/e0"
         assert good["reward"] == 1.0 and not good["token_drift"] and good["turns_in_sequence"] == 2
         cut = by_id[f"{run_id}/a/2"]
         assert cut["token_drift"] and cut["drift_turns"] == [1] and cut["turns_in_sequence"] == 1
@@ -145,6 +145,32 @@ async def test_dpo_pairs_best_against_worst_and_skips_ties(stack, run_id, tmp_pa
         assert (row["chosen_reward"], row["rejected_reward"]) == (1.0, 0.0)
         assert [m["role"] for m in row["prompt"]] == ["system", "user"] and row["chosen"][0]["role"] == "assistant"
         assert row["chosen_rollout_id"] == f"{run_id}/a/1" and row["rejected_rollout_id"] == f"{run_id}/a/2"
+
+
+async def test_groups_are_per_epoch_when_the_run_records_its_samples_per_task(stack, run_id, tmp_path):
+    # Two epochs of two samples (the trainer iterator's ids: epoch e, sample i is sample index 2e + i): a pair per
+    # epoch, never the best of one epoch against the worst of another.
+    await _insert(stack.database_url, run_id, [
+        dict(task="a", sample=0, reward=1.0, answer="e0 best"),
+        dict(task="a", sample=1, reward=0.0, answer="e0 worst"),
+        dict(task="a", sample=2, reward=0.5, answer="e1 best"),
+        dict(task="a", sample=3, reward=0.25, answer="e1 worst"),
+    ])
+    engine = make_engine(stack.database_url, pool_size=1)
+    try:
+        async with make_sessionmaker(engine).begin() as s:
+            await upsert_run(s, run_id, model="policy", samples_per_task=2)
+    finally:
+        await engine.dispose()
+    summary = await _export(stack.database_url, run_id, "dpo", tmp_path / "dpo.jsonl")
+    pairs = sorted(map(json.loads, (tmp_path / "dpo.jsonl").read_text().splitlines()), key=lambda r: r["group_id"])
+    assert summary.rows == 2 and [p["group_id"] for p in pairs] == [f"{run_id}/a/e0", f"{run_id}/a/e1"]
+    assert [(p["chosen"][-1]["content"], p["rejected"][-1]["content"]) for p in pairs] == [
+        ("e0 best", "e0 worst"), ("e1 best", "e1 worst")]
+    await _export(stack.database_url, run_id, "sft", tmp_path / "sft.jsonl", min_reward=0.0)
+    rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert {r["sample_index"]: r["group_id"][len(run_id):] for r in rows} == {0: "/a/e0", 1: "/a/e0", 2: "/a/e1",
+                                                                               3: "/a/e1"}
 
 
 async def test_bad_arguments_are_refused_before_writing(stack, run_id, tmp_path):

@@ -60,7 +60,7 @@ async def test_rl_export_of_a_tool_rollout_group_is_token_exact(gf, scripted, st
         assert row["loss_mask"] == [0] * len(p0) + [1] * len(g0) + [0] * env + [1] * len(g1)
         assert row["logprobs"] == [token_logprob(t) if m else 0.0
                                    for t, m in zip(row["input_ids"], row["loss_mask"], strict=True)]
-        assert row["reward"] == 1.0 and row["group_id"] == f"{run_id}/{row['task_id']}"
+        assert row["reward"] == 1.0 and row["group_id"] == f"{run_id}/{row['task_id']}/e0"
         assert not row["token_drift"] and row["turns_in_sequence"] == row["turns"] == 2
     assert len({r["group_id"] for r in rows.values()}) == 1
 

@@ -17,6 +17,7 @@ from gymflow.testing.scripted_openai import Reply, context_length_error, text, t
 from gymflow.training.groups import failed_members, incomplete_verdict
 from gymflow.training.iterator import Position, RolloutIterator
 from gymflow.training.policy import declare_policy_version
+from gymflow.training.rows import row_group
 from tests.faulty_env import ENTRY_POINT, faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
 
 # ---- units -----------------------------------------------------------------------------------------------
@@ -189,23 +190,33 @@ async def test_stop_and_resume_from_position_no_duplicate_no_skip(gf, scripted, 
         return RolloutIterator(gf, run_id, tasks, n=2, model="policy", epochs=2, seed=3, max_groups_in_flight=3,
                                start_position=position)
 
-    first, seen = make(None), []
+    first, seen, grouped = make(None), [], {}
     slow = tasks[first._order(0)[0]]  # the first group in order finishes last: later ones are handed over first
     respond(Responder(delay_s=0.1, slow={slow.messages[0].content: 2.5}))
     async with first:
         async for g in first:
             seen.append((g.epoch, g.task.id))
+            grouped |= {m.rollout_id: g.group_id for m in g.members}
             if len(seen) == 3:
                 break  # the trainer stops with groups in flight
     assert first.position.index == 0 and len(first.position.ahead) == 3  # the cursor waits for the slow one
     saved = first.position.to_json()
     second = make(Position.from_json(saved))  # as a new trainer process would
     async with second:
-        seen += [(g.epoch, g.task.id) async for g in second]
+        async for g in second:
+            seen.append((g.epoch, g.task.id))
+            grouped |= {m.rollout_id: g.group_id for m in g.members}
     assert sorted(seen) == sorted((e, t.id) for e in (0, 1) for t in tasks)  # each once: no duplicate, no skip
     rows = sql("SELECT task_id, sample_index FROM rollouts WHERE run_id = %s", run_id)
     assert sorted(rows) == sorted((t.id, s) for t in tasks for s in range(4))  # epoch 1 = samples 2, 3
     assert len(scripted.requests) == 20  # in-flight rollouts were attached to, never run twice
+    # The run records its samples per task, so `gymflow export` puts each rollout in the group it was handed
+    # over in (one task, one epoch), not one group per task across epochs.
+    assert sql("SELECT samples_per_task FROM runs WHERE id = %s", run_id) == [(2,)]
+    stored = sql("SELECT id, run_id, task_id, sample_index FROM rollouts WHERE run_id = %s", run_id)
+    assert {r[0]: row_group(dict(zip(("id", "run_id", "task_id", "sample_index"), r, strict=True)), 2)
+            for r in stored} == grouped
+    assert len(set(grouped.values())) == 10
 
 
 @pytest.mark.usefixtures("installed")

@@ -16,7 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gymflow.kernel.store.models import Generation, Rollout
+from gymflow.kernel.store.models import Generation, Rollout, Run
+from gymflow.training.groups import epoch_of
 from gymflow.training.records import TurnTokens, build_sequence
 from gymflow.training.rows import SCHEMAS, dpo_row, rl_row, sft_row
 from gymflow.training.writer import RowWriter, check_out_path
@@ -79,8 +80,8 @@ async def _count_excluded(session: AsyncSession, summary: ExportSummary, run_id:
     return sum(n for _, n in rows)
 
 
-async def _rl_rows(session: AsyncSession, where: list[sa.ColumnElement], summary: ExportSummary
-                   ) -> AsyncIterator[dict[str, Any]]:
+async def _rl_rows(session: AsyncSession, where: list[sa.ColumnElement], summary: ExportSummary,
+                   per_task: int | None) -> AsyncIterator[dict[str, Any]]:
     # One row per (rollout, turn), in order, so one rollout's turns arrive together; stale turns of an earlier
     # attempt (turn >= turns) are not joined.
     stmt = (sa.select(*_ROLLOUT_COLS, Rollout.turns, *_TURN_COLS)
@@ -92,49 +93,57 @@ async def _rl_rows(session: AsyncSession, where: list[sa.ColumnElement], summary
     async for row in result.mappings():
         if current is None or row["id"] != current["id"]:
             if current is not None:
-                out = _rl_record(current, turns, summary)
+                out = _rl_record(current, turns, summary, per_task)
                 if out is not None:
                     yield out
             current, turns = dict(row), []
         if row["turn"] is not None:
             turns.append(TurnTokens.from_row(row))
     if current is not None:
-        out = _rl_record(current, turns, summary)
+        out = _rl_record(current, turns, summary, per_task)
         if out is not None:
             yield out
 
 
-def _rl_record(r: Mapping[str, Any], turns: list[TurnTokens], summary: ExportSummary) -> dict[str, Any] | None:
+def _rl_record(r: Mapping[str, Any], turns: list[TurnTokens], summary: ExportSummary, per_task: int | None
+               ) -> dict[str, Any] | None:
     seq = build_sequence(turns, r["turns"])
     if not seq.tokens_available:
         summary.excluded["without token ids"] += 1
         return None
     if seq.token_drift:
         summary.flagged["with token drift (sequence cut at the last consistent turn)"] += 1
-    return rl_row(r, seq)
+    return rl_row(r, seq, per_task)
 
 
-async def _sft_rows(session: AsyncSession, where: list[sa.ColumnElement]) -> AsyncIterator[dict[str, Any]]:
+async def _sft_rows(session: AsyncSession, where: list[sa.ColumnElement], per_task: int | None
+                    ) -> AsyncIterator[dict[str, Any]]:
     stmt = (sa.select(*_ROLLOUT_COLS, Rollout.transcript).where(*where).order_by(Rollout.id)
             .execution_options(yield_per=YIELD_PER))
     result = await session.stream(stmt)
     async for row in result.mappings():
-        yield sft_row(row)
+        yield sft_row(row, per_task)
 
 
-async def _dpo_rows(session: AsyncSession, where: list[sa.ColumnElement], summary: ExportSummary
-                    ) -> AsyncIterator[dict[str, Any]]:
-    # Best first within each group: the group's first row is `chosen`, its last `rejected`. Only those two
-    # transcripts are held at a time.
+async def _dpo_rows(session: AsyncSession, where: list[sa.ColumnElement], summary: ExportSummary,
+                    per_task: int | None) -> AsyncIterator[dict[str, Any]]:
+    # One pair per group (a task's samples in one epoch: the iterator's epochs are different policies), best
+    # first within it: the group's first row is `chosen`, its last `rejected`. Only those two transcripts are
+    # held at a time.
+    epoch = Rollout.sample_index // per_task if per_task else sa.literal(0)
     stmt = (sa.select(*_ROLLOUT_COLS, Rollout.transcript).where(*where)
-            .order_by(Rollout.task_id, Rollout.reward.desc(), Rollout.sample_index)
+            .order_by(Rollout.task_id, epoch, Rollout.reward.desc(), Rollout.sample_index)
             .execution_options(yield_per=YIELD_PER))
     best: Mapping[str, Any] | None = None
     worst: Mapping[str, Any] | None = None
+
+    def key(r: Mapping[str, Any]) -> tuple[str, int]:
+        return r["task_id"], epoch_of(r["sample_index"], per_task)
+
     result = await session.stream(stmt)
     async for row in result.mappings():
-        if best is not None and row["task_id"] != best["task_id"]:
-            pair = _pair(best, worst, summary)
+        if best is not None and key(row) != key(best):
+            pair = _pair(best, worst, summary, per_task)
             if pair is not None:
                 yield pair
             best = None
@@ -143,19 +152,20 @@ async def _dpo_rows(session: AsyncSession, where: list[sa.ColumnElement], summar
         else:
             worst = dict(row)
     if best is not None:
-        pair = _pair(best, worst, summary)
+        pair = _pair(best, worst, summary, per_task)
         if pair is not None:
             yield pair
 
 
-def _pair(best: Mapping[str, Any], worst: Mapping[str, Any] | None, summary: ExportSummary) -> dict[str, Any] | None:
+def _pair(best: Mapping[str, Any], worst: Mapping[str, Any] | None, summary: ExportSummary, per_task: int | None
+          ) -> dict[str, Any] | None:
     if worst is None:
         summary.excluded["groups with one scored sample"] += 1
         return None
     if best["reward"] == worst["reward"]:
         summary.excluded["groups tied (highest = lowest reward)"] += 1
         return None
-    row = dpo_row(best, worst)
+    row = dpo_row(best, worst, per_task)
     if row is None:
         summary.excluded["groups whose samples had different prompts"] += 1
     return row
@@ -177,8 +187,11 @@ async def export_run(session: AsyncSession, run_id: str, fmt: str, out: Path, *,
     if not await _count_excluded(session, summary, run_id, min_reward, include_masked):
         raise ValueError(f"run {run_id!r} has no rollouts")
     where = _eligible(run_id, fmt, min_reward, include_masked)
-    rows = (_rl_rows(session, where, summary) if fmt == "rl" else
-            _sft_rows(session, where) if fmt == "sft" else _dpo_rows(session, where, summary))
+    # Samples per task, when the run recorded it (`gymflow collect`, the trainer iterator): sample index e*n + i
+    # is epoch e, and groups are per epoch.
+    per_task = (await session.execute(sa.select(Run.samples_per_task).where(Run.id == run_id))).scalar()
+    rows = (_rl_rows(session, where, summary, per_task) if fmt == "rl" else
+            _sft_rows(session, where, per_task) if fmt == "sft" else _dpo_rows(session, where, summary, per_task))
     kw = {"batch_rows": batch_rows} if batch_rows else {}
     with RowWriter(out, SCHEMAS[fmt], **kw) as writer:
         async for row in rows:

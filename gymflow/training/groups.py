@@ -27,6 +27,18 @@ def usable(member: RolloutSummary) -> bool:
     return member.status == "completed" and not member.masked and member.reward is not None
 
 
+def group_id(run_id: str, task_id: str, epoch: int) -> str:
+    """`RUN/TASK/eEPOCH`: one task's samples in one epoch, the unit GRPO normalises over. The iterator hands groups
+    over under this id and `gymflow export` writes it, so a trainer can join the two."""
+    return f"{run_id}/{task_id}/e{epoch}"
+
+
+def epoch_of(sample_index: int, samples_per_task: int | None) -> int:
+    """Epoch `e`, sample `i` of a task is sample index `e * n + i` (iterator.py); a run whose `n` was not recorded
+    (collected once through the Python client) is one epoch."""
+    return sample_index // samples_per_task if samples_per_task else 0
+
+
 @dataclass(frozen=True)
 class Group:
     run_id: str
@@ -43,8 +55,7 @@ class Group:
 
     @property
     def group_id(self) -> str:
-        """`RUN/TASK/eEPOCH`: one task's samples in one epoch."""
-        return f"{self.run_id}/{self.task.id}/e{self.epoch}"
+        return group_id(self.run_id, self.task.id, self.epoch)
 
     @property
     def trainable(self) -> bool:

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from temporalio.service import RPCError
 
 from gymflow.client import CANCEL_GRACE_S, GymflowClient, check_collectable
+from gymflow.kernel.store.repo import upsert_run
 from gymflow.kernel.wire import RolloutInput, RolloutSummary, SamplingParams, Task
 from gymflow.training.groups import (
     INCOMPLETE_POLICIES,
@@ -218,6 +219,11 @@ class RolloutIterator:
                 queue.put_nowait(e)
             queue.put_nowait(None)
 
+        # `gymflow export` reads the run's samples per task to split its groups by epoch, as here.
+        envs = ",".join(sorted({t.env for t in self._dataset})) if self._dataset is not None else None
+        await self.client.in_store(lambda s: upsert_run(s, self.run_id, model=self.model, samples_per_task=self.n,
+                                                        **({"env": envs} if envs else {})),
+                                   f"recording run {self.run_id}")
         producer = asyncio.create_task(produce())
         produced_all = False
         try:

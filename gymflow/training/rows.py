@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from gymflow.training.groups import epoch_of, group_id
 from gymflow.training.records import TokenSequence
 
 _FUNCTION = pa.struct([("name", pa.string()), ("arguments", pa.string())])
@@ -72,32 +73,37 @@ def split_transcript(transcript: Any) -> tuple[list[dict[str, Any]], list[dict[s
     return messages[:first], messages[first:]
 
 
-def ids(r: Mapping[str, Any]) -> dict[str, Any]:
+def row_group(r: Mapping[str, Any], per_task: int | None) -> str:
+    """The rollout's group (groups.group_id): its task's samples in its epoch."""
+    return group_id(r["run_id"], r["task_id"], epoch_of(r["sample_index"], per_task))
+
+
+def ids(r: Mapping[str, Any], per_task: int | None) -> dict[str, Any]:
     return {"rollout_id": r["id"], "run_id": r["run_id"], "task_id": r["task_id"],
-            "group_id": f"{r['run_id']}/{r['task_id']}", "sample_index": r["sample_index"]}
+            "group_id": row_group(r, per_task), "sample_index": r["sample_index"]}
 
 
-def rl_row(r: Mapping[str, Any], seq: TokenSequence) -> dict[str, Any]:
-    return {**ids(r), "reward": r["reward"], "masked": r["masked"], "input_ids": seq.input_ids,
+def rl_row(r: Mapping[str, Any], seq: TokenSequence, per_task: int | None) -> dict[str, Any]:
+    return {**ids(r, per_task), "reward": r["reward"], "masked": r["masked"], "input_ids": seq.input_ids,
             "loss_mask": seq.loss_mask, "logprobs": seq.logprobs, "policy_versions": seq.policy_versions,
             "turns": seq.turns, "turns_in_sequence": seq.turns_in_sequence, "token_drift": seq.token_drift,
             "drift_turns": seq.drift_turns}
 
 
-def sft_row(r: Mapping[str, Any]) -> dict[str, Any]:
+def sft_row(r: Mapping[str, Any], per_task: int | None) -> dict[str, Any]:
     prompt, completion = split_transcript(r["transcript"])
-    return {**ids(r), "reward": r["reward"], "messages": prompt + completion, "prompt": prompt,
+    return {**ids(r, per_task), "reward": r["reward"], "messages": prompt + completion, "prompt": prompt,
             "completion": completion}
 
 
-def dpo_row(chosen: Mapping[str, Any], rejected: Mapping[str, Any]) -> dict[str, Any] | None:
+def dpo_row(chosen: Mapping[str, Any], rejected: Mapping[str, Any], per_task: int | None) -> dict[str, Any] | None:
     """The preference pair, or None when the two samples were not asked the same prompt."""
     prompt, chosen_msgs = split_transcript(chosen["transcript"])
     rejected_prompt, rejected_msgs = split_transcript(rejected["transcript"])
     if prompt != rejected_prompt:
         return None
     return {"run_id": chosen["run_id"], "task_id": chosen["task_id"],
-            "group_id": f"{chosen['run_id']}/{chosen['task_id']}", "prompt": prompt, "chosen": chosen_msgs,
+            "group_id": row_group(chosen, per_task), "prompt": prompt, "chosen": chosen_msgs,
             "rejected": rejected_msgs, "chosen_reward": chosen["reward"], "rejected_reward": rejected["reward"],
             "chosen_rollout_id": chosen["id"], "rejected_rollout_id": rejected["id"]}
 
