@@ -23,6 +23,9 @@ from gymflow.kernel.config import ModelConfig
 from gymflow.kernel.failures import short_message
 from gymflow.kernel.store.repo import save_generation
 from gymflow.kernel.wire import ChatMessage, FunctionCall, GenerateRequest, GenerateResult, ToolCall, Usage
+from gymflow.training.policy import PolicyCache, reported_version
+
+_POLICIES = PolicyCache()  # the current policy version per model, at most ~0.5 s old
 
 
 def _request_body(cfg: ModelConfig, req: GenerateRequest) -> dict[str, Any]:
@@ -84,6 +87,16 @@ class GenerateActivities:
                                    message=message.model_dump(exclude_none=True)))
         return GenerateResult(message=message, finish_reason="recorded", attempt=attempt)
 
+    async def _read_policy(self, read: Any) -> Any:
+        out: list[Any] = []
+
+        async def attempt() -> None:
+            async with self._sessions() as session:
+                out.append(await read(session))
+
+        await retry_store(attempt, "reading the policy version", budget_s=self.store_retry_s)
+        return out[-1]
+
     async def _save(self, req: GenerateRequest, values: dict[str, Any]) -> None:
         """Write the turn's generation. The model call is paid for: retry the write here, never the call."""
         async def write() -> None:
@@ -102,6 +115,7 @@ class GenerateActivities:
         attempt = activity.info().attempt
         if cfg.recorded:
             return await self._replay(cfg, req, attempt)
+        policy = await _POLICIES.current(req.model, self._read_policy)  # current as the request goes out
         started = time.monotonic()
         try:  # heartbeat while waiting for a slot of the model's concurrency limit too, not only the call
             resp = await heartbeating(self._models.limited_create(req.model, _request_body(cfg, req)), req.turn)
@@ -117,7 +131,10 @@ class GenerateActivities:
         usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
                       completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
         metrics.generation_done(req.model, time.monotonic() - started, usage)
-        await self._save(req, dict(
+        # The version that made this turn, as the episode shape records it (the server's own report wins).
+        version = (await _POLICIES.turn_meta(req.model, self._read_policy, policy, reported_version(resp)))[
+            "policy_version"]
+        await self._save(req, dict(policy_version=version,
             attempt=attempt, model=req.model, finish_reason=choice.finish_reason, prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens, latency_s=time.monotonic() - started,
             message=message.model_dump(exclude_none=True), **_token_data(resp, choice)))
