@@ -41,6 +41,7 @@ from gymflow.kernel.config import Settings
 from gymflow.kernel.episode_wire import episode_input
 from gymflow.kernel.errors import ConfigError, GymflowError
 from gymflow.kernel.limits import MAX_RUN_ID_BYTES
+from gymflow.kernel.store.completed import completed_since
 from gymflow.kernel.store.db import (
     database_location,
     is_unreachable,
@@ -70,6 +71,7 @@ RECONNECT_WAIT_ENV = "GYMFLOW_RECONNECT_WAIT_S"
 DEFAULT_RECONNECT_WAIT_S = 600.0
 NOTICE_EVERY_S = 5.0  # at most one "unreachable" line per this many seconds, however many rollouts wait
 OUTAGE_GAP_S = 30.0  # failures further apart than this are separate outages (the SDK retries ~10 s per call)
+DESCRIBE_TIMEOUT_S = 10.0  # one describe of a closed workflow, on the rare path that needs its start time
 CANCEL_GRACE_S = 10.0  # how long a stopped collection waits for its in-flight tasks to unwind
 _CLOSED_BY = {TerminatedError: failures.WORKFLOW_TERMINATED, CancelledError: failures.WORKFLOW_CANCELLED,
               TemporalTimeoutError: failures.WORKFLOW_TIMED_OUT}
@@ -327,9 +329,30 @@ class GymflowClient:
         except WorkflowFailureError as err:
             summary = _summary_from_failure(err, inp)
             if not (isinstance(err.cause, ApplicationError) and err.cause.details):
-                # Terminated, timed out or cancelled: the workflow never persisted; record it here.
-                await self._save(summary, inp)
+                # Terminated, timed out or cancelled. It may still have persisted the episode first: a cancel that
+                # arrives while an all-local episode's last workflow task runs is seen only when that task
+                # completes, and the replay that follows knows none of its turns. Keep that record.
+                kept = await self._completed_by(handle, inp)
+                if kept is not None:
+                    return kept
+                await self._save(summary, inp)  # it never persisted: record it here
             return summary
+
+    async def _completed_by(self, handle: WorkflowHandle[Any, RolloutSummary], inp: RolloutInput
+                            ) -> RolloutSummary | None:
+        """The rollout's completed record, if this execution wrote it (completed at or after its start)."""
+        try:
+            started = (await asyncio.wait_for(handle.describe(), timeout=DESCRIBE_TIMEOUT_S)).start_time
+        except (RPCError, TimeoutError):  # Temporal away: record the closure, as before this check existed
+            return None
+        found: list[RolloutSummary | None] = []
+
+        async def read() -> None:
+            async with self._sessions() as session:
+                found.append(await completed_since(session, inp.rollout_id, started))
+
+        await self._with_store(read, f"read rollout {inp.rollout_id}")
+        return found[-1]
 
     async def _save(self, summary: RolloutSummary, inp: RolloutInput) -> None:
         """Record a rollout the workflow could not; waits (bounded) for Postgres to come back."""
