@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -24,6 +24,7 @@ from gymflow.kernel.errors import GymflowError
 
 Source = Literal["gymflow", "environment"]
 T = TypeVar("T")
+C = TypeVar("C")
 
 # Errors of the store. Data, integrity and programming errors are deterministic (retrying the same write
 # cannot help); everything else (connection refused, reset, pool timeout) is worth retrying.
@@ -130,6 +131,19 @@ def _attempt_time_left() -> float | None:
         return None
     elapsed = (datetime.now(UTC) - info.started_time).total_seconds()
     return info.start_to_close_timeout.total_seconds() - elapsed - _MARGIN_S
+
+
+async def retry_read(connect: Callable[[], AbstractAsyncContextManager[C]], read: Callable[[C], Awaitable[T]],
+                     what: str, *, budget_s: float = STORE_RETRY_S) -> T:
+    """`read` on a connection from `connect` (a pool's `connection` or a sessionmaker), retried as `retry_store`."""
+    out: list[T] = []
+
+    async def attempt() -> None:
+        async with connect() as conn:
+            out.append(await read(conn))
+
+    await retry_store(attempt, what, budget_s=budget_s)
+    return out[-1]
 
 
 async def retry_store(write: Callable[[], Awaitable[None]], what: str, *details: Any,

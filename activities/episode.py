@@ -28,7 +28,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import metrics
-from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
+from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_read, retry_store
 from activities.chain_cache import ChainCache, message_size
 from activities.env_activities import EnvActivities, run_tool_call, verify_episode
 from activities.generate import _request_body, _to_message, _token_data
@@ -126,19 +126,11 @@ class EpisodeActivities:
     async def close(self) -> None:
         await self._direct.close()
 
-    async def _read(self, what: str, read: Callable[[Conn], Awaitable[T]], connect: Any = None) -> T:
-        """`read` on a connection of `connect` (default: the episode's psycopg pool), retried (bounded)."""
-        out: list[T] = []
-
-        async def attempt() -> None:
-            async with (connect or self._direct.connection)() as conn:
-                out.append(await read(conn))
-
-        await retry_store(attempt, what, budget_s=self.store_retry_s)
-        return out[-1]
+    async def _read(self, what: str, read: Callable[[Conn], Awaitable[T]]) -> T:
+        return await retry_read(self._direct.connection, read, what, budget_s=self.store_retry_s)
 
     async def _read_policy(self, read: Any) -> Any:
-        return await self._read("reading the policy version", read, connect=self._sessions)
+        return await retry_read(self._sessions, read, "reading the policy version", budget_s=self.store_retry_s)
 
     async def _task(self, run_id: str, task_id: str) -> Task:
         key = (run_id, task_id)

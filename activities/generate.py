@@ -15,7 +15,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import metrics
-from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_store
+from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_read, retry_store
 from activities.model_client import Completion, CompletionChoice, CompletionMessage, ModelClients, bad_response
 from activities.recorded import recorded
 from gymflow.kernel import names
@@ -88,14 +88,7 @@ class GenerateActivities:
         return GenerateResult(message=message, finish_reason="recorded", attempt=attempt)
 
     async def _read_policy(self, read: Any) -> Any:
-        out: list[Any] = []
-
-        async def attempt() -> None:
-            async with self._sessions() as session:
-                out.append(await read(session))
-
-        await retry_store(attempt, "reading the policy version", budget_s=self.store_retry_s)
-        return out[-1]
+        return await retry_read(self._sessions, read, "reading the policy version", budget_s=self.store_retry_s)
 
     async def _save(self, req: GenerateRequest, values: dict[str, Any]) -> None:
         """Write the turn's generation. The model call is paid for: retry the write here, never the call."""

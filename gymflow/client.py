@@ -345,14 +345,8 @@ class GymflowClient:
             started = (await asyncio.wait_for(handle.describe(), timeout=DESCRIBE_TIMEOUT_S)).start_time
         except (RPCError, TimeoutError):  # Temporal away: record the closure, as before this check existed
             return None
-        found: list[RolloutSummary | None] = []
-
-        async def read() -> None:
-            async with self._sessions() as session:
-                found.append(await completed_since(session, inp.rollout_id, started))
-
-        await self._with_store(read, f"read rollout {inp.rollout_id}")
-        return found[-1]
+        return await self.in_store(lambda s: completed_since(s, inp.rollout_id, started),
+                                   f"read rollout {inp.rollout_id}")
 
     async def _save(self, summary: RolloutSummary, inp: RolloutInput) -> None:
         """Record a rollout the workflow could not; waits (bounded) for Postgres to come back."""

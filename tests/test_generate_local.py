@@ -101,19 +101,25 @@ async def test_local_generation_retries_bounded_and_fails_typed(local_gen, scrip
     assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool"]
 
 
+async def _cancel_during_second_call(client: GymflowClient, scripted, inp):  # noqa: ANN001, ANN202
+    """Start the rollout and cancel it once its second model call is in flight."""
+    handle, _ = await client.start_rollout(inp)
+    for _ in range(200):
+        if len(scripted.requests) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    assert len(scripted.requests) == 2
+    await handle.cancel()
+    return handle
+
+
 async def test_a_cancel_in_the_last_workflow_task_keeps_the_completed_record(local_gen, scripted, sql, run_id):
     # All local, the episode is one workflow task: the cancel is seen only when it completes, after the last turn
     # persisted the episode. Temporal refuses that completion (a new event arrived) and the replay knows no turns;
     # the completed, verified record must survive it, not be replaced by a transcript-less cancellation.
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold", delay_s=3))
     inp = local_gen.make_input(run_id, weather_task(), 0, "policy")
-    handle, _ = await local_gen.start_rollout(inp)
-    for _ in range(200):  # until the second model call is in flight
-        if len(scripted.requests) >= 2:
-            break
-        await asyncio.sleep(0.05)
-    assert len(scripted.requests) == 2
-    await handle.cancel()
+    handle = await _cancel_during_second_call(local_gen, scripted, inp)
     summary = await local_gen.result(handle, inp)
     assert (summary.status, summary.reward, summary.turns, summary.tool_calls) == ("completed", 1.0, 2, 1)
     (status, reward, transcript), = sql("SELECT status, reward, transcript FROM rollouts WHERE id = %s",
@@ -128,12 +134,7 @@ async def test_a_local_episode_cancelled_mid_episode_keeps_its_transcript(local_
     # the 10 s task timeout); the running turn is then cancelled, and the turns before it are recorded.
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("too late", delay_s=15))
     inp = local_gen.make_input(run_id, weather_task(), 0, "policy")
-    handle, _ = await local_gen.start_rollout(inp)
-    for _ in range(200):  # until the second model call is in flight
-        if len(scripted.requests) >= 2:
-            break
-        await asyncio.sleep(0.05)
-    await handle.cancel()
+    handle = await _cancel_during_second_call(local_gen, scripted, inp)
     summary = await asyncio.wait_for(local_gen.result(handle, inp), timeout=14)  # before the slow reply
     assert summary.status == "failed" and summary.failure_type == "workflow_cancelled"
     assert (summary.turns, summary.tool_calls) == (1, 1)

@@ -16,9 +16,9 @@ from gymflow.kernel.wire import RolloutSummary, Usage
 async def completed_since(session: AsyncSession, rollout_id: str, since: datetime) -> RolloutSummary | None:
     """The rollout's row when it completed at or after `since` (the execution's start), else None: an earlier
     run of the same rollout id finished before this execution began."""
-    row = (await session.execute(sa.select(Rollout).options(defer(Rollout.transcript), defer(Rollout.score_details))
-                                 .where(
-        Rollout.id == rollout_id, Rollout.status == "completed", Rollout.finished_at >= since))).scalar_one_or_none()
+    stmt = (sa.select(Rollout).options(defer(Rollout.transcript), defer(Rollout.score_details))
+            .where(Rollout.id == rollout_id, Rollout.status == "completed", Rollout.finished_at >= since))
+    row = (await session.execute(stmt)).scalar_one_or_none()
     if row is None:
         return None
     return RolloutSummary(
