@@ -7,29 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
-from temporalio import activity
 
 from activities import metrics
-from activities.boundary import boundary, heartbeating, retry_store
+from activities.boundary import heartbeating
 from activities.model_client import ModelClients
 from activities.recorded import RecordedJudge, recorded
 from environments.base import ChatFn, Environment, TaskData, ToolOutput, VerifyContext
-from environments.registry import get_environment
-from gymflow.kernel import names
 from gymflow.kernel.errors import ToolError, VerifierError
 from gymflow.kernel.failures import known
-from gymflow.kernel.store.repo import driver, mark_rollout_started
 from gymflow.kernel.wire import (
     JSON,
     ChatMessage,
-    EpisodeStart,
     Score,
-    SetupRequest,
     Task,
     ToolCall,
-    ToolRequest,
     ToolResult,
-    VerifyRequest,
 )
 
 # A tool's output goes to the model and into workflow history: cap it, and say so to the model.
@@ -109,36 +101,3 @@ class EnvActivities:
             return await models.chat(model, messages)
 
         return chat
-
-    @activity.defn(name=names.SETUP_EPISODE)
-    async def setup_episode(self, req: SetupRequest) -> EpisodeStart:
-        metrics.rollout_started(req.run_id, req.task.env, req.model, activity.info().attempt)
-        with boundary():
-            with boundary("environment", f"{req.task.env} setup"):
-                env = get_environment(req.task.env)
-                data = env.parse_task(req.task)
-                start = EpisodeStart(messages=tuple(env.initial_messages(req.task, data)),
-                                     tools=tuple(env.tools(req.task, data)), state=env.setup(req.task, data))
-
-            async def write() -> None:
-                async with self._sessions.begin() as session:
-                    await mark_rollout_started(await driver(session), rollout_id=req.rollout_id, run_id=req.run_id,
-                                               task_id=req.task.id, sample_index=req.sample_index,
-                                               env=req.task.env, model=req.model)
-
-            await retry_store(write, "marking the rollout started")
-            return start
-
-    @activity.defn(name=names.CALL_TOOL)
-    async def call_tool(self, req: ToolRequest) -> ToolResult:
-        with boundary("environment", f"{req.task.env} tool {req.call.function.name[:80]!r}"):
-            env = get_environment(req.task.env)
-            return await run_tool_call(env, req.task, env.parse_task(req.task), req.state, req.call)
-
-    @activity.defn(name=names.VERIFY)
-    async def verify(self, req: VerifyRequest) -> Score:
-        with boundary("environment", f"{req.task.env} verify"):
-            env = get_environment(req.task.env)
-            ctx = VerifyContext(policy_model=req.model, chat=self._judge_chat(req.task.id),
-                                options=dict(self._env_options.get(req.task.env, {})))
-            return await verify_episode(env, env.parse_task(req.task), req.messages, req.state, ctx)

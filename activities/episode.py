@@ -30,8 +30,8 @@ from temporalio.exceptions import ApplicationError
 from activities import metrics
 from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_read, retry_store
 from activities.chain_cache import ChainCache, message_size
+from activities.completion import request_body, to_message, token_data
 from activities.env_activities import EnvActivities, run_tool_call, verify_episode
-from activities.generate import _request_body, _to_message, _token_data
 from activities.model_client import ModelClients, bad_response
 from activities.recorded import recorded
 from environments.base import Environment, VerifyContext
@@ -303,7 +303,7 @@ class EpisodeActivities:
                 Usage(), {}
         else:
             tools = await self._tools(task, req.run_id)
-            body = _request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
+            body = request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
                                                       turn=req.turn, model=req.model, messages=_chat(chain),
                                                       tools=tools, sampling=req.sampling))
             try:  # heartbeat while waiting for a slot of the model's concurrency limit too, not only the call
@@ -313,13 +313,13 @@ class EpisodeActivities:
                 raise
             choice = resp.choices[0]
             try:
-                message = _to_message(choice.message)
+                message = to_message(choice.message)
             except ValidationError as e:
                 raise bad_response(req.model, short_message(e, 200)) from None
             finish = choice.finish_reason
             usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
                           completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
-            tokens = _token_data(resp, choice)
+            tokens = token_data(resp, choice)
             metrics.generation_done(req.model, time.monotonic() - started, usage)
         meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
                 "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,

@@ -292,12 +292,9 @@ class GymflowClient:
         `rerun`: start it again even when it completed (the trainer iterator restarting a stale rollout)."""
         rid = inp.rollout_id
 
-        by_reference = self.settings.rollout.workflow == "episode"
-        if by_reference:
-            await self.store_tasks(inp.run_id, [inp.task])
-        workflow, arg = ((names.EPISODE_WORKFLOW, episode_input(inp, self.placement(inp.task.env),
-                                                                self.generate_placement(inp.model)))
-                         if by_reference else (names.ROLLOUT_WORKFLOW, inp))
+        await self.store_tasks(inp.run_id, [inp.task])
+        workflow, arg = names.EPISODE_WORKFLOW, episode_input(inp, self.placement(inp.task.env),
+                                                              self.generate_placement(inp.model))
 
         def start() -> Awaitable[WorkflowHandle[Any, RolloutSummary]]:
             return self.temporal.start_workflow(
@@ -427,8 +424,7 @@ class GymflowClient:
         tasks = list(tasks)
         check_collectable(self.settings, {t.env for t in tasks}, model, run_id)
         inputs = [self.make_input(run_id, t, i, model, sampling, max_turns) for t in tasks for i in range(n)]
-        if self.settings.rollout.workflow == "episode":
-            await self.store_tasks(run_id, tasks)  # in bulk, before any workflow needs them
+        await self.store_tasks(run_id, tasks)  # in bulk, before any workflow needs them
         results: asyncio.Queue[CollectResult | BaseException] = asyncio.Queue()
         slots = asyncio.Semaphore(max_in_flight)
 

@@ -78,6 +78,10 @@ def config_file(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedOpen
                    "request_timeout_s": 20, "logprobs": True},
         "judge": {"base_url": scripted.base_url, "model": "scripted-judge", "request_timeout_s": 20},
         "vllm": {"base_url": scripted.base_url, "model": "scripted-vllm", "logprobs": True, "return_token_ids": True},
+        # The same endpoint with generation on the generate pool (models.<name>.placement: pool), for the tests
+        # of that pool's process (kills, logs, metrics).
+        "pooled": {"base_url": scripted.base_url, "model": "scripted-model", "api_key_env": "GYMFLOW_TEST_API_KEY",
+                   "request_timeout_s": 20, "logprobs": True, "placement": "pool"},
     }
     models.update({recorded_model(folder): {"recorded": str(f)} for folder, f in parity_files.items()})
     path.write_text(yaml.safe_dump({
@@ -161,25 +165,10 @@ async def gf(workers: None, stack: StackAddresses, settings: Settings) -> AsyncI
     await client.close()
 
 
-async def _client_running(settings: Settings, shape: str) -> AsyncIterator[GymflowClient]:
-    rollout = settings.rollout.model_copy(update={"workflow": shape})
-    client = await GymflowClient.connect(settings.model_copy(update={"rollout": rollout}))
-    yield client
-    await client.close()
-
-
 @pytest_asyncio.fixture(loop_scope="session")
-async def ep(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
-    """A client whose rollouts run the by-reference EpisodeWorkflow (`rollout.workflow: episode`)."""
-    async for client in _client_running(settings, "episode"):
-        yield client
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def classic(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
-    """A client whose rollouts run the older RolloutWorkflow (`rollout.workflow: classic`): the episode in history."""
-    async for client in _client_running(settings, "classic"):
-        yield client
+async def ep(gf: GymflowClient) -> GymflowClient:
+    """The client, under the name the episode tests use."""
+    return gf
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -64,21 +62,25 @@ class FakeJudge:
         return reply
 
 
-HISTORIES = Path(__file__).parent / "histories"
-
-
-async def record_episode_histories(client: GymflowClient, run_id: str, cases: dict[str, dict[str, Any]]) -> None:
+async def record_episode_histories(client: GymflowClient, run_id: str, cases: dict[str, dict[str, Any]],
+                                   model: str = "policy") -> None:
     """Run one single-tool episode per case (task id = case name, `update` applied to its input), each of which
-    must replay through the SDK's strict sandbox; GYMFLOW_RECORD_HISTORIES=1 (re)writes them into
-    tests/histories/ for the replay test."""
+    must replay through the SDK's strict sandbox (the workflow is deterministic)."""
     from workflows.episode import EpisodeWorkflow
 
     replayer = Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter)
     for name, update in cases.items():
-        inp = client.make_input(run_id, weather_task(name), 0, "policy").model_copy(update=update)
+        inp = client.make_input(run_id, weather_task(name), 0, model).model_copy(update=update)
         await client.run_rollout(inp)
         history = await client.temporal.get_workflow_handle(inp.rollout_id).fetch_history()
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         assert result.replay_failure is None, (name, result.replay_failure)
-        if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
-            (HISTORIES / f"{name}.json").write_text(history.to_json())
+
+
+async def insert_generation(session: Any, **values: Any) -> None:
+    """A `generations` row as the episode's finish writes it, for tests that build runs by hand."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    from gymflow.kernel.store.models import Generation
+
+    await session.execute(insert(Generation).values(**values).on_conflict_do_nothing())

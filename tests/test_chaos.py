@@ -112,12 +112,12 @@ class Collector:
         return (self.logs / f"collect-{run}.log").read_text(errors="replace")
 
 
-@pytest.fixture(scope="module", params=["classic", "episode", "episode-local"])
-def chaos_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """A stack per workflow shape: the classic one (episode in history), the by-reference one, and the
-    by-reference one with generation local (the workflow pool calls the model: killing it kills calls in flight,
-    whose workflow tasks time out and resume on the restarted pool)."""
-    workflow, _, placement = request.param.partition("-")
+@pytest.fixture(scope="module")
+def chaos_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A stack with the default placement: every step of a single-tool episode runs in the workflow pool (the
+    model called from it, the tools in its supervised processes), so killing that pool kills calls in flight,
+    whose workflow tasks time out and resume on the restarted pool. The env and generate pools run and are
+    killed too, as a deployment's would be."""
     work = tmp_path_factory.mktemp("chaos")
     os.chmod(work, 0o755)  # embedded Postgres runs as its own system user when we are root
     logs = work / "logs"
@@ -133,9 +133,9 @@ def chaos_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         config.write_text(yaml.safe_dump({
             "temporal": {"address": addr.temporal_address}, "database": {"url": addr.database_url},
             "models": {"policy": {"base_url": f"http://127.0.0.1:{model_port}/v1", "model": "chaos",
-                                  "request_timeout_s": 2, "concurrency": 64, "placement": placement or "pool"}},
+                                  "request_timeout_s": 2, "concurrency": 64}},
             "pools": {"generate": {"concurrency": 64}, "env": {"concurrency": 16}},
-            "rollout": {"max_turns": 4, "limits": LIMITS, "workflow": workflow},
+            "rollout": {"max_turns": 4, "limits": LIMITS},
         }))
         dataset = work / "tasks.jsonl"
         dataset.write_text("".join(json.dumps({"id": f"t{i}", "messages": [

@@ -1,5 +1,5 @@
 """Episode end: an environment ends the episode (a terminal tool, or its own stop rule), and a row carries
-its own turn limit. Through the real stack, for both workflows (classic and by reference)."""
+its own turn limit. Through the real stack."""
 
 from __future__ import annotations
 
@@ -17,20 +17,11 @@ from gymflow.kernel.wire import ChatMessage, RolloutSummary, Task
 from gymflow.testing.scripted_openai import Reply, text, tool_call
 from tests.faulty_env import ENDING_NAME, ending_env  # noqa: F401 - ending_env is a fixture
 from workflows.episode import EpisodeWorkflow
-from workflows.rollout import RolloutWorkflow
 
 
-@pytest_asyncio.fixture(params=["classic", "episode"])
-async def client(request: pytest.FixtureRequest, gf: GymflowClient, settings, ending_env: str  # noqa: F811
-                 ) -> AsyncIterator[GymflowClient]:
-    """Each test runs against both workflows: the classic one (`gf`) and the by-reference one."""
-    if request.param == "classic":
-        yield gf
-        return
-    by_reference = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"workflow": "episode"})})
-    ep = await GymflowClient.connect(by_reference)
-    yield ep
-    await ep.close()
+@pytest_asyncio.fixture
+async def client(gf: GymflowClient, ending_env: str) -> AsyncIterator[GymflowClient]:  # noqa: F811
+    yield gf
 
 
 def ending_task(task_id: str = "e0", **update: object) -> Task:
@@ -51,7 +42,7 @@ async def run(client: GymflowClient, task: Task, run_id: str, **kw: object) -> t
 async def replays(client: GymflowClient, rollout_id: str) -> None:
     """The new branch (`done`) is deterministic: the episode's own history replays."""
     history = await client.temporal.get_workflow_handle(rollout_id).fetch_history()
-    replayer = Replayer(workflows=[RolloutWorkflow, EpisodeWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
 

@@ -4,8 +4,6 @@ own producer keys, and the stored transcript and generations are exactly the acc
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -18,14 +16,12 @@ from tests.helpers import weather_task
 
 
 async def _replays_and_is_kept(history: WorkflowHistory, name: str) -> None:
-    """The reset run's history replays; with GYMFLOW_RECORD_HISTORIES=1 it is (re)written for tests/test_replay.py."""
+    """The reset run's history replays through the strict sandbox."""
     from workflows.episode import EpisodeWorkflow
 
     result = await Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter).replay_workflow(
         history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
-    if os.environ.get("GYMFLOW_RECORD_HISTORIES") == "1":
-        (Path(__file__).parent / "histories" / f"{name}.json").write_text(history.to_json())
 
 
 async def test_resume_continues_the_chain_from_the_failed_turn(ep, scripted, sql, run_id):

@@ -147,13 +147,12 @@ async def test_history_grows_by_a_constant_per_turn_whatever_the_sizes(ep, scrip
 
 
 async def test_record_episode_histories_for_replay(ep, scripted, run_id):
-    """Run the episodes whose histories tests/histories/ keeps for the replay test. With
-    GYMFLOW_RECORD_HISTORIES=1 they are (re)written; otherwise this checks they still replay as recorded."""
+    """Episodes with generation on the generate pool: each history replays through the strict sandbox."""
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"),  # single tool
                     tool_call("get_weather", {"city": "SF"}), context_length_error(),  # fails in turn 2
                     tool_call("get_weather", {"city": "A"}), tool_call("get_weather", {"city": "B"}), text("ok"))
     await record_episode_histories(ep, run_id, {"episode_single_tool": {}, "episode_context_length_failure": {},
-                                                "episode_continue_as_new": {"turns_per_run": 1}})
+                                                "episode_continue_as_new": {"turns_per_run": 1}}, model="pooled")
 
 
 async def test_the_generate_pool_reads_the_tools_begin_stored(ep, scripted, sql, run_id):
@@ -176,11 +175,24 @@ async def _transitions_and_events(client: GymflowClient, rollout_id: str) -> tup
             [e.WhichOneof("attributes") for e in history.events])
 
 
-async def test_a_local_environment_runs_its_steps_in_the_workflow_pool(ep, scripted, sql, run_id):
-    # single_tool is placed "local": begin, run_tools and finish are local activities (markers), so a
-    # single-tool rollout costs only the two generate activities' round trips (issue 8's target: <= 12).
+async def test_the_default_single_tool_episode_is_two_local_activities(ep, scripted, sql, run_id):
+    # Every step local (the default): one local activity per turn, the first also begins the episode and the
+    # last finishes it: no activity task at all, 3 state transitions.
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
     inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    assert (await ep.run_rollout(inp)).reward == 1.0
+    transitions, events = await _transitions_and_events(ep, inp.rollout_id)
+    assert events.count("activity_task_scheduled_event_attributes") == 0
+    assert events.count("marker_recorded_event_attributes") == 2  # turn 1 (begin + generate + tools), turn 2
+    assert transitions <= 4, transitions
+    assert sql("SELECT status, reward FROM rollouts WHERE id = %s", inp.rollout_id) == [("completed", 1.0)]
+
+
+async def test_a_local_environment_with_a_pooled_model(ep, scripted, sql, run_id):
+    # single_tool is placed "local", the model on the generate pool: begin, run_tools and finish are local
+    # activities (markers); the two generations are activity tasks.
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
+    inp = ep.make_input(run_id, weather_task(), 0, "pooled")
     assert (await ep.run_rollout(inp)).reward == 1.0
     transitions, events = await _transitions_and_events(ep, inp.rollout_id)
     assert events.count("activity_task_scheduled_event_attributes") == 2  # the two generations only
@@ -197,8 +209,9 @@ async def test_placement_pool_sends_the_steps_to_the_env_pool(ep, scripted, run_
         inp = ep.make_input(run_id, weather_task(), 0, "policy")
         assert (await ep.run_rollout(inp)).reward == 1.0
         _, events = await _transitions_and_events(ep, inp.rollout_id)
-        assert events.count("activity_task_scheduled_event_attributes") == 5
-        assert events.count("marker_recorded_event_attributes") == 0
+        # begin, run_tools and finish on the env pool; the two generations local (markers)
+        assert events.count("activity_task_scheduled_event_attributes") == 3
+        assert events.count("marker_recorded_event_attributes") == 2
     finally:
         ep.settings.environments.pop("single_tool", None)
         ep._placements.clear()  # noqa: SLF001

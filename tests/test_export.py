@@ -16,9 +16,10 @@ from click.testing import CliRunner  # noqa: E402
 
 from gymflow.cli.main import cli  # noqa: E402
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate  # noqa: E402
-from gymflow.kernel.store.repo import save_generation, save_rollout, upsert_run  # noqa: E402
+from gymflow.kernel.store.repo import save_rollout, upsert_run  # noqa: E402
 from gymflow.kernel.wire import ChatMessage, FunctionCall, RolloutRecord, RolloutSummary, ToolCall  # noqa: E402
 from gymflow.training.export import export_run  # noqa: E402
+from tests.helpers import insert_generation  # noqa: E402
 
 CALL = ToolCall(id="call_1", function=FunctionCall(name="get_weather", arguments='{"city": "Paris"}'))
 
@@ -56,7 +57,7 @@ async def _insert(url: str, run_id: str, rows: list[dict]) -> None:
                 await save_rollout(s, RolloutRecord(summary=summary, env="single_tool", model="policy",
                                                     transcript=_transcript(r["task"], r.get("answer", "Sunny."))))
                 for g in turns:
-                    await save_generation(s, rollout_id=rid, attempt=1, model="policy", **g)
+                    await insert_generation(s, rollout_id=rid, attempt=1, model="policy", **g)
     finally:
         await engine.dispose()
 

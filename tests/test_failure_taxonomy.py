@@ -33,7 +33,7 @@ from gymflow.testing.scripted_openai import (
 from tests.conftest import ROOT
 from tests.faulty_env import NAME, TRACEBACK_TEXT, faulty_env, faulty_task  # noqa: F401 - faulty_env: a fixture
 from tests.helpers import user_task
-from workflows.rollout import failure_of
+from workflows.options import failure_of
 
 SOURCE_DIRS = ("activities", "environments", "workflows", "gymflow")
 RUN_ID = "tax-" + uuid.uuid4().hex[:8]  # one run for every case; the case is the task id
@@ -248,7 +248,7 @@ CASES = {
         r, Task(id="unknown_env", env="no_such_env", messages=(ChatMessage(role="user", content="hi"),)),
         0, "policy")),
     "too_large": ("transcript_too_large", lambda gf, s, r: _limits(
-        _faulty(gf, r, "too_large", [tool_call("echo", {"text": "y" * 3000})] * 3, s), max_transcript_bytes=4000,
+        _faulty(gf, r, "too_large", [tool_call("echo", {"text": "y" * 3000})] * 3, s),
         max_episode_bytes=4000)),
     "env_setup": ("environment_error", lambda gf, s, r: _faulty(gf, r, "env_setup", [], s, fail_in="setup")),
     "env_tool": ("environment_error", lambda gf, s, r: _faulty(gf, r, "env_tool", [tool_call("boom", {})], s)),

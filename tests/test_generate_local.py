@@ -1,5 +1,5 @@
-"""Generation placed "local" (models.<name>.placement): the workflow pool calls the model itself, as a local
-activity, so a whole episode can be one workflow task.
+"""Generation placed "local" (models.<name>.placement, the default): the workflow pool calls the model itself, as
+a local activity, so a whole episode can be one workflow task.
 
 Through the real stack (Temporal dev server, Postgres, the scripted OpenAI-compatible server): the episode is
 the same as with the generate pool, its history holds markers instead of activity tasks, the latency is measured
@@ -33,12 +33,9 @@ from tests.helpers import record_episode_histories, weather_task
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def local_gen(gf: GymflowClient, settings: Settings) -> AsyncIterator[GymflowClient]:
-    """A client whose episodes generate in the workflow pool (every model placed "local")."""
-    models = {name: cfg.model_copy(update={"placement": "local"}) for name, cfg in settings.models.items()}
-    rollout = settings.rollout.model_copy(update={"workflow": "episode"})
-    client = await GymflowClient.connect(settings.model_copy(update={"models": models, "rollout": rollout}))
-    yield client
-    await client.close()
+    """The client: its episodes generate in the workflow pool (model `policy` keeps the default placement)."""
+    assert settings.models["policy"].placement == "local"
+    yield gf
 
 
 async def _event_types(client: GymflowClient, rollout_id: str) -> list[int]:
@@ -145,11 +142,8 @@ async def test_a_local_episode_cancelled_mid_episode_keeps_its_transcript(local_
 
 
 async def test_a_tool_failing_inside_a_turn_keeps_the_reply(settings, scripted, sql, run_id, faulty_env):  # noqa: F811
-    models = {name: cfg.model_copy(update={"placement": "local"}) for name, cfg in settings.models.items()}
     envs = {**settings.environments, faulty_env: {"placement": "local"}}
-    rollout = settings.rollout.model_copy(update={"workflow": "episode"})
-    client = await GymflowClient.connect(settings.model_copy(update={"models": models, "environments": envs,
-                                                                      "rollout": rollout}))
+    client = await GymflowClient.connect(settings.model_copy(update={"environments": envs}))
     try:
         scripted.script(tool_call("echo", {"text": "hi"}), tool_call("boom", {}))
         inp = client.make_input(run_id, faulty_task("boom-in-turn"), 0, "policy")
@@ -217,11 +211,9 @@ async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settin
         await engine.dispose()
 
 
-async def test_record_local_generation_histories_for_replay(local_gen, scripted, run_id):
-    """Episodes with generation local, kept in tests/histories/ for the replay test (GYMFLOW_RECORD_HISTORIES=1
-    rewrites them); here each must replay as recorded, through the SDK's strict sandbox. They have begin and
-    finish folded into the turns (EpisodeInput.folded_turns); the local_generate_* histories, recorded before
-    that, stay committed so the unfolded shape keeps replaying."""
+async def test_local_episode_histories_replay(local_gen, scripted, run_id):
+    """Episodes with every step local (begin and finish folded into the turns): each history replays through
+    the SDK's strict sandbox."""
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"),  # single tool
                     tool_call("get_weather", {"city": "SF"}), context_length_error(),  # fails in turn 2
                     tool_call("get_weather", {"city": "A"}), tool_call("get_weather", {"city": "B"}), text("ok"))

@@ -13,7 +13,7 @@ async def test_generate_worker_sigkill_mid_generation(gf, scripted, sql, run_id,
     # The first call hangs long enough to kill its worker; heartbeats (2 s timeout) expose the death.
     scripted.script(tool_call("get_weather", {"city": "SF"}, delay_s=30), tool_call("get_weather", {"city": "SF"}),
                     text("cold"))
-    inp = gf.make_input(run_id, weather_task(), 0, "policy")
+    inp = gf.make_input(run_id, weather_task(), 0, "pooled")
     handle, _ = await gf.start_rollout(inp)
     assert await asyncio.to_thread(scripted.request_seen.wait, 30), "generation never reached the model"
     victim = generate_pool.proc
@@ -31,7 +31,7 @@ async def test_generate_worker_sigkill_mid_generation(gf, scripted, sql, run_id,
 
 async def test_sigterm_lets_in_flight_generation_finish(gf, scripted, sql, run_id, generate_pool):
     scripted.script(text("slow but fine", delay_s=3))
-    inp = gf.make_input(run_id, weather_task(), 0, "policy")
+    inp = gf.make_input(run_id, weather_task(), 0, "pooled")
     handle, _ = await gf.start_rollout(inp)
     assert await asyncio.to_thread(scripted.request_seen.wait, 30)
     worker = generate_pool.proc

@@ -109,12 +109,12 @@ async def test_rollout_metrics_count_what_the_stack_did(gf, scripted, generate_p
     # Rollout 2: the prompt no longer fits the model: failed, context_length_exceeded, no reward.
     scripted.script(tool_call("launch_rockets", {"n": 3}), tool_call("get_weather", {"city": "SF"}), text("cold"),
                     context_length_error())
-    done = await gf.run_rollout(gf.make_input(run_id, weather_task(), 0, "policy"))
-    failed = await gf.run_rollout(gf.make_input(run_id, weather_task("w1"), 0, "policy"))
+    done = await gf.run_rollout(gf.make_input(run_id, weather_task(), 0, "pooled"))
+    failed = await gf.run_rollout(gf.make_input(run_id, weather_task("w1"), 0, "pooled"))
     assert (done.status, done.reward, failed.status) == ("completed", 1.0, "failed")
 
     env = parse(await scrape(endpoint))
-    run = {"run": run_id, "env": "single_tool", "model": "policy"}
+    run = {"run": run_id, "env": "single_tool", "model": "pooled"}
     assert value(env, "gymflow_rollouts_started_total", **run) == 2
     assert value(env, "gymflow_rollouts_finished_total", **run, status="completed", failure_type="") == 1
     assert value(env, "gymflow_rollouts_finished_total", **run, status="failed",
@@ -129,7 +129,7 @@ async def test_rollout_metrics_count_what_the_stack_did(gf, scripted, generate_p
 
     assert env_delta("gymflow_tool_calls_total", env="single_tool", outcome="error") == 1
     assert env_delta("gymflow_tool_calls_total", env="single_tool", outcome="ok") == 1
-    assert env_delta("gymflow_rollout_duration_seconds_count", env="single_tool", model="policy") == 2
+    assert env_delta("gymflow_rollout_duration_seconds_count", env="single_tool", model="pooled") == 2
 
     # The generate pool is its own process: its --metrics endpoint holds the generation metrics.
     gen = parse(await scrape(generate_pool.metrics_url))
@@ -137,11 +137,11 @@ async def test_rollout_metrics_count_what_the_stack_did(gf, scripted, generate_p
     def gen_delta(name: str, **labels: str) -> float:
         return value(gen, name, **labels) - value(gen_before, name, **labels)
 
-    assert gen_delta("gymflow_generation_latency_seconds_count", model="policy") == 3
-    assert gen_delta("gymflow_generation_latency_seconds_sum", model="policy") > 0
-    assert gen_delta("gymflow_generation_tokens_total", model="policy", type="prompt") == 3 * 10
-    assert gen_delta("gymflow_generation_tokens_total", model="policy", type="completion") > 0
-    assert gen_delta("gymflow_generation_failures_total", model="policy", failure_type="context_length_exceeded") == 1
+    assert gen_delta("gymflow_generation_latency_seconds_count", model="pooled") == 3
+    assert gen_delta("gymflow_generation_latency_seconds_sum", model="pooled") > 0
+    assert gen_delta("gymflow_generation_tokens_total", model="pooled", type="prompt") == 3 * 10
+    assert gen_delta("gymflow_generation_tokens_total", model="pooled", type="completion") > 0
+    assert gen_delta("gymflow_generation_failures_total", model="pooled", failure_type="context_length_exceeded") == 1
     # ... beside the SDK's, in seconds, counters with _total: the backlog of the generate queue(s).
     queue = {ls for (n, ls), _ in gen.items() if n == "temporal_activity_schedule_to_start_latency_count"}
     assert any(dict(ls)["task_queue"].startswith("gymflow-generate") for ls in queue)

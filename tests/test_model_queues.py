@@ -29,7 +29,7 @@ from gymflow.kernel.wire import rollout_id
 from tests.conftest import ROOT
 from tests.helpers import user_task
 from workers.health import idle_pools
-from workers.pools import generate_queues, served_models
+from workers.pools import served_models
 
 MODELS = ("qa", "qb", "qc")  # qa and qb get a worker each; qc none
 
@@ -39,9 +39,6 @@ def test_queue_names_and_served_models():
     assert names.generate_queue("qa") == "gymflow-generate-qa"
     assert served_models(settings) == MODELS
     assert served_models(settings, ["qb", " qa", "qb"]) == ("qb", "qa")
-    # A worker for some models polls only theirs; one for every model also drains the old shared queue.
-    assert generate_queues(settings, ["qa"]) == ["gymflow-generate-qa"]
-    assert names.GENERATE_QUEUE in generate_queues(settings, MODELS)
     with pytest.raises(ConfigError, match="not configured: nope"):
         served_models(settings, ["qa", "nope"])
     with pytest.raises(ConfigError, match="empty"):
@@ -55,7 +52,7 @@ def queue_config(config_file: Path, tmp_path_factory: pytest.TempPathFactory) ->
     # Same scripted server, different `model:` ids; the key is the serving worker's tag (see _worker), so the
     # scripted server's Authorization header says which process made each request.
     raw["models"].update({m: {"base_url": base_url, "model": f"scripted-{m}", "api_key_env": "WORKER_TAG",
-                              "request_timeout_s": 20} for m in MODELS})
+                              "request_timeout_s": 20, "placement": "pool"} for m in MODELS})
     path = tmp_path_factory.mktemp("queues") / "gymflow.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -111,7 +108,7 @@ async def test_each_model_runs_on_its_own_worker_and_an_unserved_model_waits(
                 except RPCError:  # not started yet
                     desc = None
                 pending = desc.raw_description.pending_activities if desc else []
-                if pending and pending[0].activity_type.name in (names.GENERATE, names.EPISODE_GENERATE):
+                if pending and pending[0].activity_type.name == names.EPISODE_GENERATE:
                     break
                 assert time.monotonic() < deadline, desc
                 await asyncio.sleep(0.2)

@@ -21,7 +21,6 @@ from gymflow.training.policy import (
     set_policy_version,
 )
 from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
-from tests.helpers import weather_task
 
 
 def test_reported_version_takes_only_a_short_clean_string():
@@ -112,14 +111,3 @@ async def test_the_servers_own_version_wins(gf, scripted, sql, run_id):
     # Its ordinal is that version's, not the (newer) declared one's: staleness stays exact.
     assert sql("SELECT (tokens->>'policy_ordinal')::int FROM messages WHERE rollout_id = %s AND role = "
                "'assistant'", inp.rollout_id) == [(known.ordinal,)]
-
-
-async def test_the_classic_workflow_records_the_version_too(classic, scripted, sql, run_id):
-    version = f"c-{uuid.uuid4().hex[:8]}"
-    await declare_policy_version(classic, "policy", version)
-    await asyncio.sleep(0.6)  # older cached views in the generate pool expire
-    scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
-    inp = classic.make_input(run_id, weather_task(), 0, "policy")
-    assert (await classic.run_one(inp)).summary.status == "completed"
-    assert sql("SELECT turn, policy_version FROM generations WHERE rollout_id = %s ORDER BY turn",
-               inp.rollout_id) == [(0, version), (1, version)]

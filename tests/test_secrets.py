@@ -13,8 +13,8 @@ from tests.helpers import readable_history, weather_task
 
 async def test_api_key_never_in_history_db_or_logs(gf, scripted, sql, run_id, stack, generate_pool):
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"), context_length_error())
-    ok = gf.make_input(run_id, weather_task("k1"), 0, "policy")
-    bad = gf.make_input(run_id, weather_task("k2"), 0, "policy")
+    ok = gf.make_input(run_id, weather_task("k1"), 0, "pooled")
+    bad = gf.make_input(run_id, weather_task("k2"), 0, "pooled")
     await gf.run_rollout(ok)
     await gf.run_rollout(bad)
     # The key really was used, so finding it nowhere else means something.

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gymflow.kernel.store.db import make_engine, make_sessionmaker
-from gymflow.kernel.store.repo import driver, mark_rollout_started, save_generation, save_rollout
+from gymflow.kernel.store.repo import driver, mark_rollout_started, save_rollout
 from gymflow.kernel.wire import RolloutRecord, RolloutSummary
+from tests.helpers import insert_generation  # noqa: E402
 
 
 async def test_writes_are_idempotent(stack, gf, sql, run_id):
@@ -20,7 +21,7 @@ async def test_writes_are_idempotent(stack, gf, sql, run_id):
             async with sessions.begin() as s:
                 await mark_rollout_started(await driver(s), **start)
             async with sessions.begin() as s:
-                await save_generation(s, rollout_id=rid, turn=0, attempt=1, model="policy")
+                await insert_generation(s, rollout_id=rid, turn=0, attempt=1, model="policy")
             async with sessions.begin() as s:
                 await save_rollout(s, done)
         async with sessions.begin() as s:  # a late, replayed setup must not turn a finished rollout back

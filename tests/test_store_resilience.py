@@ -12,23 +12,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy.exc as sa_exc
-from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.env_activities import EnvActivities
-from activities.generate import GenerateActivities
-from activities.model_client import ModelClients
-from activities.persist import PersistActivities
-from gymflow.kernel.failures import MAX_MESSAGE_CHARS
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
 from gymflow.kernel.store.repo import REPLACEMENT, driver, mark_rollout_started
 from gymflow.kernel.wire import (
     ChatMessage,
     GenerateRequest,
     RolloutLimits,
-    RolloutRecord,
-    RolloutSummary,
-    SetupRequest,
 )
 from gymflow.testing.scripted_openai import text, tool_call
 from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
@@ -76,59 +67,6 @@ def _gen_request(task_id: str) -> GenerateRequest:
     return GenerateRequest(rollout_id=f"{RUN_ID}/{task_id}/0", task_id=task_id, turn=0, model="policy",
                            messages=(ChatMessage(role="user", content="hi"),))
 
-
-async def test_generation_write_retries_without_calling_the_model_again(scripted, settings, real_sessions, sql):
-    scripted.script(text("paid for once"))
-    sessions = FlakySessions(real_sessions, failures=3)
-    models = ModelClients(settings.models)
-    heartbeats: list = []
-    req = _gen_request("blip")
-    try:
-        result = await _activity_env(heartbeats).run(GenerateActivities(models, sessions).generate, req)
-    finally:
-        await models.close()
-    assert result.message.content == "paid for once"
-    assert len(scripted.requests) == 1, "a database blip must never call the model again"
-    assert sessions.calls == 4
-    assert sql("SELECT message->>'content' FROM generations WHERE rollout_id = %s", req.rollout_id) == [
-        ("paid for once",)]
-    assert heartbeats, "the write's retries heartbeat, so the activity is not timed out meanwhile"
-
-
-async def test_generation_write_gives_up_typed_and_short(scripted, settings, real_sessions):
-    scripted.script(text("answer"))
-    sessions = FlakySessions(real_sessions, failures=10**6)
-    models = ModelClients(settings.models)
-    try:
-        with pytest.raises(ApplicationError) as info:
-            await _activity_env([]).run(GenerateActivities(models, sessions, store_retry_s=1.0).generate,
-                                        _gen_request("outage"))
-    finally:
-        await models.close()
-    err = info.value
-    assert err.type == "store_unavailable" and not err.non_retryable
-    assert "Connection refused" in err.message and len(err.message) <= MAX_MESSAGE_CHARS and "\n" not in err.message
-    assert err.__cause__ is None
-    assert len(scripted.requests) == 1 and sessions.calls >= 3
-
-
-async def test_setup_and_persist_writes_ride_out_a_blip(real_sessions, sql, faulty_env):  # noqa: F811
-    task = faulty_task("persist-blip")
-    rid = f"{RUN_ID}/persist-blip/0"
-    setup = FlakySessions(real_sessions, failures=2)
-    start = await _activity_env([]).run(EnvActivities(setup).setup_episode, SetupRequest(
-        rollout_id=rid, run_id=RUN_ID, task=task, sample_index=0, model="policy"))
-    assert start.tools and setup.calls == 3
-    persist = FlakySessions(real_sessions, failures=2)
-    summary = RolloutSummary(rollout_id=rid, run_id=RUN_ID, task_id=task.id, sample_index=0, status="completed",
-                             reward=1.0)
-    await _activity_env([]).run(PersistActivities(persist).persist_rollout,
-                                RolloutRecord(summary=summary, env=task.env, model="policy"))
-    assert persist.calls == 3
-    assert sql("SELECT status, reward FROM rollouts WHERE id = %s", rid) == [("completed", 1.0)]
-
-
-# -- NUL bytes ---------------------------------------------------------------------------------------------
 
 async def test_nul_in_a_model_answer_is_stored(gf, scripted, sql):
     scripted.script(text("before\x00after"))

@@ -40,7 +40,7 @@ async def test_huge_tool_output_is_truncated_for_the_model(gf, scripted, sql, ru
 async def test_transcript_over_the_payload_budget_fails_typed_and_is_recorded(gf, scripted, sql, run_id):
     scripted.script(*[tool_call("get_weather", {"city": "y" * 3_000}) for _ in range(3)], text("done"))
     inp = gf.make_input(run_id, weather_task(), 0, "policy", max_turns=10)
-    limits = inp.limits.model_copy(update={"max_transcript_bytes": 10_000, "max_episode_bytes": 10_000})
+    limits = inp.limits.model_copy(update={"max_episode_bytes": 10_000})
     summary = await gf.run_rollout(inp.model_copy(update={"limits": limits}))
     assert summary.status == "failed" and summary.failure_type == "transcript_too_large"
     assert summary.reward is None

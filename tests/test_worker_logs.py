@@ -59,7 +59,7 @@ def test_debug_keeps_the_traceback():
 async def test_context_length_400_logs_one_line_in_the_worker(gf, generate_pool, scripted, run_id):
     before = len(generate_pool.logs())
     scripted.script(context_length_error())
-    inp = gf.make_input(run_id, user_task("a very long prompt"), 0, "policy")
+    inp = gf.make_input(run_id, user_task("a very long prompt"), 0, "pooled")
     summary = await gf.run_rollout(inp)
     assert summary.failure_type == "context_length_exceeded"
     for _ in range(50):  # the worker's log line may land a moment after the workflow ends

@@ -10,6 +10,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
 from gymflow.kernel import names
+from gymflow.kernel.config import Settings
 
 # queue -> the kind of task its pool polls for; generate queues are per model (see pool_queues)
 POOL_QUEUES = {
@@ -33,3 +34,9 @@ async def pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) -> 
 async def idle_pools(client: Client, models: Iterable[str] = ()) -> list[str]:
     """Task queues that no worker polls, among those a collection for `models` needs."""
     return [q for q, kind in pool_queues(models).items() if await pollers(client, q, kind) == 0]
+
+
+def pooled_models(settings: Settings, models: Iterable[str]) -> list[str]:
+    """The models among `models` whose generation runs on the generate pool (models.<name>.placement: pool):
+    only their generate queues need a worker; a local model is called from the workflow pool."""
+    return [m for m in models if m in settings.models and settings.models[m].placement == "pool"]

@@ -60,7 +60,6 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     from activities.episode import EpisodeActivities
     from activities.model_client import ModelClients
     from workflows.episode import EpisodeWorkflow
-    from workflows.rollout import RolloutWorkflow
 
     engine = make_engine(database_url, pre_ping=False)  # activities retry every statement
     out.closers.append(engine.dispose)
@@ -72,7 +71,7 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     # A workflow task stays open while its local activities run: with generation local (models.<name>.placement)
     # each rollout in flight holds a task slot for its model calls, so the slots must cover every rollout.
     tasks = concurrency if any(m.placement == "local" for m in settings.models.values()) else min(concurrency, 200)
-    return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[RolloutWorkflow, EpisodeWorkflow],
+    return Worker(client, task_queue=names.WORKFLOWS_QUEUE, workflows=[EpisodeWorkflow],
                   activities=[local.begin, local.generate, local.run_tools, local.turn, local.finish],
                   max_concurrent_workflow_tasks=tasks,
                   max_cached_workflows=max(concurrency, 100),
@@ -94,15 +93,6 @@ def served_models(settings: Settings, models: Sequence[str] | None = None) -> tu
         what = f"not configured: {', '.join(unknown)}" if unknown else "empty"
         raise ConfigError(f"--models: {what} (models: {known})")
     return chosen
-
-
-def generate_queues(settings: Settings, served: Sequence[str]) -> list[str]:
-    """The task queues a generate worker for `served` polls. A worker that serves every configured model also
-    polls the old shared queue, where activities scheduled before per-model queues (and their retries) wait."""
-    queues = [names.generate_queue(m) for m in served]
-    if set(served) >= set(settings.models):
-        queues.append(names.GENERATE_QUEUE)
-    return queues
 
 
 def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str,
@@ -130,35 +120,27 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
     models = ModelClients(settings.models)
     out.closers.append(models.close)
     if "env" in wanted:
-        from activities.env_activities import EnvActivities
-        from activities.persist import PersistActivities
         from environments.sandbox import describe_limits
 
         logging.getLogger(__name__).info("env pool: %s", describe_limits())  # what binds code_gen's programs
 
-        env = EnvActivities(sessions, models, settings.environments)
-        persist = PersistActivities(sessions)
         episode = EpisodeActivities(sessions, models, settings.environments)
         out.closers.append(episode.close)
         concurrency = settings.pools.env.concurrency
         out.workers.append(Worker(
             client, task_queue=names.ENV_QUEUE,
-            activities=[env.setup_episode, env.call_tool, env.verify, persist.persist_rollout,
-                        episode.begin, episode.run_tools, episode.finish],
+            activities=[episode.begin, episode.run_tools, episode.finish],
             activity_executor=ThreadPoolExecutor(concurrency), max_concurrent_activities=concurrency,
             max_task_queue_activities_per_second=settings.pools.env.rate_limit_per_s,
             graceful_shutdown_timeout=shutdown_grace))
     if "generate" in wanted:
-        from activities.generate import GenerateActivities
-
-        gen = GenerateActivities(models, sessions)
         episode_gen = EpisodeActivities(sessions, models, settings.environments)
         out.closers.append(episode_gen.close)
         # One worker per model queue: a rollout waits for a worker that has its model instead of failing on
         # one that lacks it. Concurrency and the rate limit apply per model queue.
-        for queue in generate_queues(settings, served_models(settings, generate_models)):
+        for queue in (names.generate_queue(m) for m in served_models(settings, generate_models)):
             out.workers.append(Worker(
-                client, task_queue=queue, activities=[gen.generate, episode_gen.generate],
+                client, task_queue=queue, activities=[episode_gen.generate],
                 max_concurrent_activities=settings.pools.generate.concurrency,
                 max_task_queue_activities_per_second=settings.pools.generate.rate_limit_per_s,
                 graceful_shutdown_timeout=shutdown_grace))

@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
         with_tools,
     )
     from gymflow.kernel.wire import ActivityLimits, RolloutSummary
-    from workflows.rollout import activity_options, failure_of, local_activity_options, should_continue_as_new
+    from workflows.options import activity_options, failure_of, local_activity_options, should_continue_as_new
 
 R = TypeVar("R")
 
@@ -70,9 +70,9 @@ class EpisodeWorkflow:
         started = inp.episode.started_at if inp.episode else workflow.now()
         self._episode = inp.episode
         failure: tuple[str, str] | None = None
-        # Begin and finish inside the turns (EpisodeInput.folded_turns): a single-turn episode is one local activity
-        # instead of three. Needs every step local and at least one turn to fold them into.
-        folded = (inp.folded_turns and inp.placement == "local" and inp.generate_placement == "local"
+        # Every step local: begin and finish fold into the turns, so a single-turn episode is one local activity
+        # instead of three. Needs at least one turn left to fold them into.
+        folded = (inp.placement == "local" and inp.generate_placement == "local"
                   and (self._episode.turn if self._episode else 0) < inp.max_turns)
         try:
             if self._episode is None and not folded:
@@ -113,11 +113,7 @@ class EpisodeWorkflow:
                 workflow.continue_as_new(inp.model_copy(update={"episode": ep}))
             self._enter("generate")
             turn = self._turn_request(inp, ep)
-            ran: ToolsRan | None = None
-            if inp.generate_placement == "local" and inp.placement == "local":  # the whole turn, one activity
-                turned = await self._turn_here(inp, turn, ep.started_at)
-                gen, ran = turned.generated, turned.ran
-            elif inp.generate_placement == "local":  # this pool calls the model (models.<name>.placement)
+            if inp.generate_placement == "local":  # this pool calls the model (models.<name>.placement)
                 gen = await _local_activity(names.EPISODE_GENERATE, turn, Generated, inp.limits.generate)
             else:
                 gen = await workflow.execute_activity(names.EPISODE_GENERATE, turn, result_type=Generated,
@@ -126,16 +122,15 @@ class EpisodeWorkflow:
             turns_here += 1
             if not gen.tool_calls:
                 return
-            if ran is None:
-                self._enter("tools")
-                ran = await self._on_env(inp, names.EPISODE_RUN_TOOLS,
-                                         turn.model_copy(update={"head_id": ep.head_id}), ToolsRan)
+            self._enter("tools")
+            ran = await self._on_env(inp, names.EPISODE_RUN_TOOLS,
+                                     turn.model_copy(update={"head_id": ep.head_id}), ToolsRan)
             self._episode = with_tools(ep, ran)
-            if ran.done:  # the environment ended the episode; never true in histories recorded before `done`
+            if ran.done:  # the environment ended the episode
                 return
 
     async def _folded_turns(self, inp: EpisodeInput, started: datetime) -> None:
-        """Every step local (EpisodeInput.folded_turns): each turn is one local activity, the first one begins the
+        """Every step local: each turn is one local activity, the first one begins the
         episode, and the one after which it ends verifies and persists it (then `_finished` is set)."""
         turns_here = 0
         while self._finished is None:  # bounded: every turn advances ep.turn, and max_turns ends the episode
@@ -165,9 +160,10 @@ class EpisodeWorkflow:
         return self._episode
 
     async def _turn_here(self, inp: EpisodeInput, turn: TurnRequest, started: datetime) -> Turned:
-        """The turn as one local activity (generate and run_tools; with folded_turns also begin and finish). When
-        it failed after storing part of the turn, the failure's details say what (the begun head, the reply, the
-        tool messages): the episode keeps them, so the recorded transcript ends where the episode did."""
+        """The turn as one local activity (generate and run_tools; the first turn also begins the episode, the last
+        finishes it). When it failed after storing part of the turn, the failure's details say what (the begun
+        head, the reply, the tool messages): the episode keeps them, so the recorded transcript ends where the
+        episode did."""
         try:
             return await _local_activity(names.EPISODE_TURN, turn, Turned, inp.limits.generate)
         except ActivityError as err:

@@ -17,7 +17,7 @@ from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.names import generate_queue
 from gymflow.kernel.wire import SamplingParams
-from workers.health import idle_pools
+from workers.health import idle_pools, pooled_models
 
 
 def default_run_id(dataset: str, env: str | None, model: str, n: int) -> str:
@@ -45,7 +45,7 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
 
     client = await GymflowClient.connect(settings, on_notice=notice)
     try:
-        for queue in await idle_pools(client.temporal, [model]):
+        for queue in await idle_pools(client.temporal, pooled_models(settings, [model])):
             if queue == generate_queue(model):
                 console.print("[yellow]warning[/yellow]: " + escape(
                     f"no generate worker serves model {model!r} (task queue {queue!r}); its rollouts will wait until "

@@ -136,11 +136,11 @@ async def _wait_for_pools(settings: Settings, procs: Sequence[subprocess.Popen],
     """Return once every queue the collection needs is polled. collect warns about a queue nobody polls,
     and here that would only mean that the pools this command just spawned are still starting."""
     from workers.connect import connect_configured
-    from workers.health import idle_pools
+    from workers.health import idle_pools, pooled_models
 
     client = await connect_configured(settings, wait_s=timeout_s)
     deadline = time.monotonic() + timeout_s
-    while idle := await idle_pools(client, [model]):
+    while idle := await idle_pools(client, pooled_models(settings, [model])):
         if dead := [p for p in procs if p.poll() is not None]:
             raise click.ClickException(f"a worker pool exited with code {dead[0].returncode} while starting "
                                        "(its log is above)")

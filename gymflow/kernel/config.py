@@ -35,10 +35,11 @@ class ModelConfig(_Section):
     return_token_ids: bool = Field(False, description="vLLM: ask for prompt and generation token ids")
     extra_body: dict[str, Any] = Field(default_factory=dict)
     placement: Literal["pool", "local"] = Field(
-        "pool", description="Where the episode workflow's generate step runs: 'pool', an activity on the model's "
-                            "generate queue (the generate pool; heartbeats, any duration); 'local', a local activity "
-                            "in the workflow pool, which then calls the endpoint itself (fewer state transitions "
-                            "and no queue hop per turn; for replies that take seconds, not minutes)")
+        "local", description="Where the episode's generate step runs: 'local' (default), a local activity in the "
+                             "workflow pool, which calls the endpoint itself (fewer state transitions, no queue hop "
+                             "per turn; docs/architecture.md measures replies of up to 10 minutes); 'pool', an "
+                             "activity on the model's generate queue (the generate pool: its own hosts and "
+                             "concurrency, heartbeats, any duration)")
 
     @field_validator("api_key_env")
     @classmethod
@@ -111,10 +112,6 @@ class PoolsConfig(_Section):
 
 class RolloutDefaults(_Section):
     max_turns: int = Field(8, ge=1)
-    workflow: Literal["classic", "episode"] = Field(
-        "episode", description="episode (default): EpisodeWorkflow, the episode lives in Postgres and history "
-        "carries ids (docs/architecture.md); classic: RolloutWorkflow, the episode travels in history (kept so "
-        "runs started before the switch finish and replay)")
     turns_per_run: int | None = Field(
         None, ge=1, description="Continue a long episode as a new workflow run after this many turns")
     sampling: SamplingParams = SamplingParams()

@@ -1,4 +1,4 @@
-"""Wire types of the by-reference rollout workflow (`EpisodeWorkflow`, docs/design-episode-data.md).
+"""Wire types of the episode workflow (`EpisodeWorkflow`, docs/design-episode-data.md).
 
 Every payload here is ids, counters and short strings: its size does not depend on the number of turns, the
 task's size or what the model and the tools produced. The episode's data lives in Postgres
@@ -39,17 +39,15 @@ class EpisodeInput(Wire):
     limits: RolloutLimits = RolloutLimits()
     turns_per_run: int | None = None
     episode: EpisodeRef | None = Field(None, description="Set when the workflow continued as new")
+    # The placement rule (docs/architecture.md): every step is a local activity in the workflow pool unless the
+    # environment declares the env pool (sandboxed, judged, remote) or the model the generate pool. With both
+    # local, each turn is one local activity, the first also begins the episode and the last also finishes it.
     placement: Literal["local", "pool"] = Field(
-        "pool", description="Where begin, run_tools and finish run: local activities in the workflow pool, or "
-                            "activities on the env pool (environments/base.py `placement`)")
+        "local", description="Where begin, run_tools and finish run: local activities in the workflow pool (the "
+                             "environment's code in its supervised processes), or activities on the env pool")
     generate_placement: Literal["local", "pool"] = Field(
-        "pool", description="Where generate runs: a local activity in the workflow pool, or an activity on the "
-                            "model's generate queue (models.<name>.placement)")
-    folded_turns: bool = Field(
-        False, description="With every step local, begin in the first turn's activity and finish in the last "
-                           "one's. Set by clients from this version on; False in histories recorded before, which "
-                           "replay as they ran (a field of the input, not a patch marker: a patch also upserts a "
-                           "search attribute, one more visibility write per rollout)")
+        "local", description="Where generate runs: a local activity in the workflow pool, or an activity on the "
+                             "model's generate queue (models.<name>.placement)")
 
     @property
     def rollout_id(self) -> str:
@@ -163,12 +161,12 @@ class Finished(Wire):
     latency_s: float | None = None  # when the request had started_at
 
 
-def episode_input(inp: RolloutInput, placement: Literal["local", "pool"] = "pool",
-                  generate_placement: Literal["local", "pool"] = "pool") -> EpisodeInput:
-    """The by-reference input for a rollout the client describes with its task (which it stores first). The
-    run's sampling settings override the row's, as in the classic workflow."""
+def episode_input(inp: RolloutInput, placement: Literal["local", "pool"] = "local",
+                  generate_placement: Literal["local", "pool"] = "local") -> EpisodeInput:
+    """The workflow's input for a rollout the client describes with its task (which it stores first). The run's
+    sampling settings override the row's."""
     sampling = inp.task.sampling.model_copy(update=inp.sampling.model_dump(exclude_none=True))
     return EpisodeInput(run_id=inp.run_id, task_id=inp.task.id, env=inp.task.env, sample_index=inp.sample_index,
                         model=inp.model, sampling=sampling, max_turns=inp.max_turns, limits=inp.limits,
                         turns_per_run=inp.turns_per_run, placement=placement,
-                        generate_placement=generate_placement, folded_turns=True)
+                        generate_placement=generate_placement)

@@ -49,8 +49,8 @@ _TYPES = (
                 "Run `gymflow data prepare FILE --env ENV`: it names the line and field."),
     FailureType("unknown_environment", "failed", False, "The row names an environment no worker has installed.",
                 "See `gymflow env list`; install the plug-in on the env workers."),
-    FailureType("transcript_too_large", "failed", False, "The episode outgrew limits.max_transcript_bytes.",
-                "Lower max_turns or tool output sizes, or raise the limit (under Temporal's 2 MB)."),
+    FailureType("transcript_too_large", "failed", False, "The episode outgrew limits.max_episode_bytes.",
+                "Lower max_turns or tool output sizes, or raise the limit."),
     FailureType("environment_error", "failed", True, "Environment code (setup, a tool, verify) raised an unexpected "
                 "error on every attempt: a bug in the environment, not the model's fault.",
                 "Read the message (the error's first line) and the env worker's log; fix the environment."),

@@ -4,8 +4,7 @@ the stack: Temporal's payload (2 MB) and id limits, Postgres' text rules, a work
 from __future__ import annotations
 
 # A row travels in every rollout's workflow input and in each env activity's input, and Temporal refuses
-# a payload over 2 MB; the transcript that starts from the prompt is capped at 1.5 MB
-# (RolloutLimits.max_transcript_bytes). 1 MiB for the row's JSON leaves the model room to answer; NeMo
+# a payload over 2 MB. 1 MiB for the row's JSON leaves the model room to answer; NeMo
 # Gym's example rows are under 20 kB. A Task spells out fields a row may leave out (a chat row of many
 # short messages grows most), so it gets a quarter more: a row meets the row limit first, and only rows
 # that balloon meet the Task one.

@@ -7,11 +7,7 @@ from temporalio.common import SearchAttributeKey
 
 WORKFLOWS_QUEUE = "gymflow-workflows"
 ENV_QUEUE = "gymflow-env"
-# The one generate queue of before per-model queues: rollouts started then still schedule here, so a generate
-# worker that serves every configured model polls it too (see workers/pools.py).
-GENERATE_QUEUE = "gymflow-generate"
-
-ROLLOUT_WORKFLOW = "RolloutWorkflow"
+GENERATE_QUEUE = "gymflow-generate"  # the prefix of each model's generate queue
 
 
 def generate_queue(model: str) -> str:
@@ -20,13 +16,7 @@ def generate_queue(model: str) -> str:
     return f"{GENERATE_QUEUE}-{model}"
 
 
-SETUP_EPISODE = "gymflow.setup_episode"
-CALL_TOOL = "gymflow.call_tool"
-VERIFY = "gymflow.verify"
-GENERATE = "gymflow.generate"
-PERSIST_ROLLOUT = "gymflow.persist_rollout"
-
-# The by-reference workflow (docs/design-episode-data.md) and its activities.
+# The episode workflow (docs/design-episode-data.md) and its activities.
 EPISODE_WORKFLOW = "EpisodeWorkflow"
 EPISODE_BEGIN = "gymflow.episode.begin"
 EPISODE_GENERATE = "gymflow.episode.generate"

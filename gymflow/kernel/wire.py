@@ -5,7 +5,6 @@ Everything here must stay small and serialisable; workflows import only this mod
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,9 +104,6 @@ class RolloutLimits(Wire):
     # rather than at start-to-close.
     env: ActivityLimits = ActivityLimits(start_to_close_s=120, schedule_to_close_s=900, heartbeat_s=20, max_attempts=4)
     persist: ActivityLimits = ActivityLimits(start_to_close_s=30, schedule_to_close_s=900, max_attempts=20)
-    # Temporal rejects payloads over 2 MB, and a workflow task that schedules one is retried until the
-    # execution times out: end the episode with a typed failure well before that.
-    max_transcript_bytes: int = 1_500_000
     # The by-reference workflow keeps the episode in Postgres, far from Temporal's limit; this bounds what one
     # episode may store (and send to the model each turn). Measured as message contents plus tool calls.
     max_episode_bytes: int = Field(64 << 20, ge=1)
@@ -124,19 +120,6 @@ class Usage(Wire):
         )
 
 
-class EpisodeCheckpoint(Wire):
-    """Where an episode stood when its workflow continued as new: enough to go on without redoing setup."""
-
-    messages: tuple[ChatMessage, ...]
-    tools: tuple[ToolSpec, ...]
-    state: JSON = Field(default_factory=dict)
-    turn: int = 0
-    tool_calls: int = 0
-    usage: Usage = Usage()
-    attempts: int = 0
-    started_at: datetime
-
-
 class RolloutInput(Wire):
     run_id: str
     task: Task
@@ -147,7 +130,6 @@ class RolloutInput(Wire):
     limits: RolloutLimits = RolloutLimits()
     turns_per_run: int | None = Field(
         None, description="Continue as new after this many turns; also whenever Temporal suggests it")
-    checkpoint: EpisodeCheckpoint | None = None
 
     @property
     def rollout_id(self) -> str:
@@ -191,20 +173,6 @@ class RolloutSummary(Wire):
 # ---- activity payloads -------------------------------------------------------------------------
 
 
-class SetupRequest(Wire):
-    rollout_id: str
-    run_id: str
-    task: Task
-    sample_index: int
-    model: str
-
-
-class EpisodeStart(Wire):
-    messages: tuple[ChatMessage, ...]
-    tools: tuple[ToolSpec, ...]
-    state: JSON = Field(default_factory=dict)
-
-
 class GenerateRequest(Wire):
     rollout_id: str
     task_id: str = ""
@@ -213,20 +181,6 @@ class GenerateRequest(Wire):
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
     sampling: SamplingParams = SamplingParams()
-
-
-class GenerateResult(Wire):
-    message: ChatMessage
-    finish_reason: str | None = None
-    usage: Usage = Usage()
-    attempt: int = 1
-
-
-class ToolRequest(Wire):
-    rollout_id: str
-    task: Task
-    state: JSON
-    call: ToolCall
 
 
 class ToolResult(Wire):
@@ -242,14 +196,6 @@ def not_run_message(call: ToolCall, ended_by: str) -> ChatMessage:
     message as Chat Completions requires (exports, training)."""
     return ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name,
                        content=f"Not run: the episode ended with the call to {ended_by!r}.")
-
-
-class VerifyRequest(Wire):
-    rollout_id: str
-    task: Task
-    model: str
-    messages: tuple[ChatMessage, ...]
-    state: JSON
 
 
 class RolloutRecord(Wire):

@@ -63,9 +63,8 @@ def secret_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecretSta
             "models": {"policy": {"base_url": scripted.base_url, "model": "scripted-model",
                                   "api_key_env": "GYMFLOW_EXFIL_API_KEY", "request_timeout_s": 20}},
             "pools": {"generate": {"concurrency": 8}, "env": {"concurrency": 4}},
-            # classic: the programs' output travels in workflow history too, so history is a channel this
-            # test can see (the by-reference default keeps it in Postgres only, which is checked either way).
-            "rollout": {"max_turns": 2, "limits": TEST_LIMITS, "workflow": "classic"},
+            # The programs' output is kept in Postgres (checked) and never in workflow history (checked too).
+            "rollout": {"max_turns": 2, "limits": TEST_LIMITS},
         }))
         env = {**os.environ, "GYMFLOW_EXFIL_API_KEY": API_KEY, "DATABASE_URL": url}
         log = state / "worker.log"

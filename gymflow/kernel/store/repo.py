@@ -18,7 +18,7 @@ from psycopg import AsyncConnection
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gymflow.kernel.store.models import Generation, Run
+from gymflow.kernel.store.models import Run
 from gymflow.kernel.wire import RolloutRecord
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -63,18 +63,6 @@ async def mark_rollout_started(conn: Conn, *, rollout_id: str, run_id: str, task
     """Insert the row as `running` so SQL sees in-flight episodes. Never downgrades a finished row."""
     await conn.execute(_MARK_STARTED, storable(dict(id=rollout_id, run_id=run_id, task_id=task_id,
                                                     sample_index=sample_index, env=env, model=model)))
-
-
-_NUMERIC = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
-
-
-async def save_generation(session: AsyncSession, **values: Any) -> None:
-    # Token ids and logprobs are numbers (tens of thousands per turn): no need to walk them.
-    values = {k: v if k in _NUMERIC else storable(v) for k, v in values.items()}
-    stmt = insert(Generation).values(**values)
-    update = {k: v for k, v in values.items() if k not in ("rollout_id", "turn")}
-    await session.execute(stmt.on_conflict_do_update(index_elements=[Generation.rollout_id, Generation.turn],
-                                                     set_=update))
 
 
 async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
