@@ -50,7 +50,7 @@ from gymflow.kernel.episode_wire import (
     episode_summary,
 )
 from gymflow.kernel.errors import GymflowError, TaskError
-from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, short_message
+from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, WORKER_LOST, short_message
 from gymflow.kernel.store.direct import DirectPool
 from gymflow.kernel.store.episodes import (
     NewMessage,
@@ -65,6 +65,7 @@ from gymflow.kernel.store.episodes import (
     read_chain_after,
     save_episode,
     save_task_tools,
+    started_and_produced,
 )
 from gymflow.kernel.store.repo import Conn, mark_rollout_started
 from gymflow.kernel.wire import (
@@ -91,6 +92,9 @@ T = TypeVar("T")
 TOOLS_PART = "/tools"  # the producer suffix of the tool messages a `turn` activity appends after its reply
 BEGIN_PART = "/begin"  # ... and of the initial messages of a `turn` activity that begins the episode
 _GENERATING = frozenset({names.EPISODE_GENERATE, names.EPISODE_TURN})
+# Starts of one local step on workers that had not run it before (the first, cache misses, re-runs after its
+# workflow task was lost) before the rollout fails as worker_lost: a poison step ends, bounded.
+MAX_STEP_STARTS = 5
 
 
 def _producer(part: str = "") -> str:
@@ -210,6 +214,20 @@ class EpisodeActivities:
         producer = _producer(part)
         return await self._read("reading earlier attempts", lambda s: produced(s, rollout_id, producer))
 
+    async def _counted_start(self, rollout_id: str) -> list[StoredMessage]:
+        """`_already_produced` for a local step on a worker that did not run the step before it: after its worker
+        died or hung (the workflow task was retried elsewhere) or lost its cache. Counted in Postgres, so a step
+        that takes its worker down every time ends typed after MAX_STEP_STARTS instead of moving on to the
+        next worker forever (docs/architecture.md, "A poison rollout ends")."""
+        producer = _producer()
+        starts, earlier = await self._read("counting the step's starts",
+                                           lambda s: started_and_produced(s, rollout_id, producer))
+        if starts > MAX_STEP_STARTS:
+            raise GymflowError(f"this step was started {starts} times on a worker that had not run it before: each "
+                               "time its workflow task was lost (the workflow pool's process died or hung)",
+                               failure_type=WORKER_LOST)
+        return earlier
+
     # ---- activities ----------------------------------------------------------------------------------
 
     @activity.defn(name=names.EPISODE_BEGIN)
@@ -235,7 +253,9 @@ class EpisodeActivities:
             # The generate pool offers these to the model without importing environment code.
             await save_task_tools(conn, req.run_id, req.task_id, tools)
             await mark_rollout_started(conn, rollout_id=req.rollout_id, run_id=req.run_id, task_id=req.task_id,
-                                       sample_index=req.sample_index, env=task.env, model=req.model)
+                                       sample_index=req.sample_index, env=task.env, model=req.model,
+                                       execution_id=activity.info().workflow_run_id,
+                                       execution_started_at=req.execution_started_at)
 
         ids, earlier = await self._append(req.rollout_id, [], new, also=running, part=part)
         self._task_tools[(req.run_id, req.task_id)] = tools
@@ -275,7 +295,8 @@ class EpisodeActivities:
             with boundary():
                 finished = await self._finish(FinishRequest(summary=summary, env=plan.env, model=req.model,
                                                             head_id=ep.head_id, verify=True,
-                                                            started_at=ep.started_at))
+                                                            started_at=ep.started_at,
+                                                            execution_started_at=plan.execution_started_at))
             return Turned(generated=gen, ran=ran, finished=finished)
         except ApplicationError as err:
             if not stored:
@@ -290,7 +311,10 @@ class EpisodeActivities:
         # A local generate re-run after its workflow task was lost (the worker died) must not call the model
         # again. Where this worker holds the episode exactly up to the head, it ran no generate after it.
         ran_here = info.is_local and attempt == 1 and bool(known) and known[-1].id == req.head_id
-        earlier = [] if ran_here else await self._already_produced(req.rollout_id)
+        if info.is_local and not ran_here:
+            earlier = await self._counted_start(req.rollout_id)
+        else:
+            earlier = [] if ran_here else await self._already_produced(req.rollout_id)
         if earlier:  # the model call was paid for and stored; only the completion was lost
             return _generated(earlier[-1], attempt)
         cfg = self._models.config(req.model)
@@ -392,7 +416,9 @@ class EpisodeActivities:
             summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
                                                  "failure_type": score.failure_type})
         record = RolloutRecord(summary=summary, env=req.env, model=req.model, transcript=_chat(chain),
-                               score_details=score.details if score else {})
+                               score_details=score.details if score else {},
+                               execution_id=activity.info().workflow_run_id,
+                               execution_started_at=req.execution_started_at)
 
         async def write() -> None:
             async with self._direct.connection() as conn:  # one statement: atomic on its own

@@ -1,7 +1,7 @@
 """`python -m bench`: gymflow's benchmarks against the shipped mock model (gymflow/testing/mock_openai.py).
 
-    python -m bench all [--quick] [--scale 20000] [--workflow classic|episode]
-    python -m bench single_tool --n 300 --workflow classic      # or single_turn, math
+    python -m bench all [--quick] [--scale 20000] [--generate local|pool]
+    python -m bench single_tool --n 300 --generate pool         # or single_turn, math
     python -m bench overhead | curve | scale                    # one part of `all`
     python -m bench compare bench/results/A.json bench/results/B.json
     python -m bench report bench/results/A.json [--out FILE]     # the markdown again, from a results file
@@ -28,11 +28,11 @@ from typing import Any
 from bench import report, runs
 from bench.stack import start_stack
 from bench.workloads import WORKLOADS, dumps
-from gymflow.kernel.config import RolloutDefaults
+from gymflow.kernel.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_WORKFLOW = RolloutDefaults.model_fields["workflow"].default
+DEFAULT_PLACEMENT = ModelConfig.model_fields["placement"].default
 COMMANDS = ("all", *WORKLOADS, "overhead", "curve", "scale", "compare", "report")
 
 
@@ -65,11 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smaller N everywhere (a harness check, not a result)")
     ap.add_argument("--n", type=int, help="rollouts per workload (default 1000, --quick 200)")
     ap.add_argument("--in-flight", type=int, default=200, help="rollouts in flight for the workloads and scaling")
-    ap.add_argument("--workflow", choices=("classic", "episode"), default=DEFAULT_WORKFLOW,
-                    help=f"rollout workflow shape (default: gymflow's own default, {DEFAULT_WORKFLOW})")
-    ap.add_argument("--generate", choices=("pool", "local"), default="pool",
-                    help="where generation runs: the generate pool, or local activities in the workflow pool "
-                         "(models.<name>.placement)")
+    ap.add_argument("--generate", choices=("pool", "local"), default=DEFAULT_PLACEMENT,
+                    help="where generation runs: local activities in the workflow pool, or the generate pool "
+                         f"(models.<name>.placement; default: gymflow's own default, {DEFAULT_PLACEMENT})")
     ap.add_argument("--workflow-procs", type=int, default=1, help="processes in the workflow pool")
     ap.add_argument("--overhead-n", type=int, default=20)
     ap.add_argument("--latency", type=float, default=1.0, help="model latency of the latency curve, s")
@@ -110,24 +108,23 @@ async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
             results["workloads"] = {}
             for name in (WORKLOADS if cmd == "all" else (cmd,)):
                 print(f"workload {name}: {args.n} rollouts, {args.in_flight} in flight", file=sys.stderr)
-                results["workloads"][name] = await runs.workload(bench, name, n=args.n, in_flight=args.in_flight,
-                                                                 workflow=args.workflow)
+                results["workloads"][name] = await runs.workload(bench, name, n=args.n, in_flight=args.in_flight)
         if cmd in ("all", "overhead"):
             print(f"overhead: {args.overhead_n} rollouts, 1 in flight", file=sys.stderr)
-            results["overhead"] = await runs.overhead(bench, n=args.overhead_n, workflow=args.workflow)
+            results["overhead"] = await runs.overhead(bench, n=args.overhead_n)
         if cmd in ("all", "curve"):
             measured = results.get("workloads", {}).get(args.curve_workload, {}).get("rollouts_per_s")
             if measured is None:
                 notes.append("latency curve: no zero-latency rate measured first, so N was not capped by time")
             results["curve"] = await runs.latency_curve(
-                bench, points=args.curve, latency_s=args.latency, workflow=args.workflow, name=args.curve_workload,
+                bench, points=args.curve, latency_s=args.latency, name=args.curve_workload,
                 capacity=measured, cap_s=args.curve_cap_s)
             if any(p["capped_by_time"] for p in results["curve"]["points"]):
                 notes.append(f"latency curve: N capped so each point takes about {args.curve_cap_s:g} s at the "
                              "measured zero-latency rate (3x in flight would take longer on this machine)")
         if cmd in ("all", "scale"):
             results["scaling"] = await runs.scaling(bench, n=args.scale, window=min(args.window, args.scale),
-                                                    in_flight=args.in_flight, workflow=args.workflow)
+                                                    in_flight=args.in_flight)
         results["peak_rss_mib_whole_run"] = {k: v / 2**20 for k, v in bench.sampler.peak.items()}
     finally:
         await bench.close()
@@ -149,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python -m bench",
                                                                                         *(argv or sys.argv[1:])]),
         "cores": os.cpu_count(), "load_at_start": ", ".join(f"{v:.1f}" for v in os.getloadavg()),
-        "commit": _commit(), "quick": args.quick, "workflow": args.workflow,
+        "commit": _commit(), "quick": args.quick,
         "generate": args.generate, "workflow_procs": args.workflow_procs, "notes": []}}
     if args.quick:
         results["meta"]["notes"].append("--quick: small N; a check of the harness, not a result")

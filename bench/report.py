@@ -110,8 +110,9 @@ def workloads_section(r: dict[str, Any]) -> list[str]:
         *per_process("CPU-s per 1000", "cpu_s_per_1000", 1),
         *per_process("peak memory MiB (PSS)", "peak_rss_mib", 0),
     ]
-    workflow = ws[names[0]].get("workflow")
-    return [f"## Workloads (zero-latency mock, `{workflow}` workflow)", "",
+    generate = ws[names[0]].get("generate")
+    placement = f", generation `{generate}`" if generate else ""
+    return [f"## Workloads (zero-latency mock{placement})", "",
             *_table(["", *names], rows), "",
             "Process trees: Postgres and the pools include their children (backends, math-verify checkers); "
             "the client is the bench process alone; the mocks are left out of the CPU totals. Memory is PSS (resident, "

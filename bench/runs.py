@@ -40,15 +40,15 @@ def _progress(label: str, total: int) -> Any:
     return on_done
 
 
-async def _client(bench: BenchStack, workflow: str) -> GymflowClient:
-    return GymflowClient(bench.client.temporal, bench.with_workflow(workflow), bench.database_url)
+async def _client(bench: BenchStack) -> GymflowClient:
+    return GymflowClient(bench.client.temporal, bench.settings, bench.database_url)
 
 
-async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, workflow: str) -> dict[str, Any]:
+async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int) -> dict[str, Any]:
     """Rate, CPU per process, latency, transitions, history bytes and peak memory for `n` rollouts, after an
     unmeasured warm-up (WARMUP rollouts of the workload): one-off costs such as spawning the math checker
     processes or opening connection pools are paid once per worker process, not per rollout."""
-    client = await _client(bench, workflow)
+    client = await _client(bench)
     run_id = _tag(name)
     try:
         warm = _tag(f"{name}-warmup")
@@ -57,7 +57,7 @@ async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, work
         got = await collect(bench, client, tasks_for(name, n, run_id), run_id=run_id, model=FAST,
                             in_flight=in_flight, on_done=_progress(name, n))
         peak = {k: v / 2**20 for k, v in bench.sampler.peak.items()}
-        out = summarise(got) | {"workload": name, "workflow": workflow, "in_flight": in_flight,
+        out = summarise(got) | {"workload": name, "generate": bench.generate, "in_flight": in_flight,
                                 "transitions_per_rollout": await transitions_per_rollout(client, run_id),
                                 "history_bytes_per_rollout": await history_bytes_per_rollout(client, run_id),
                                 "peak_rss_mib": peak}
@@ -94,10 +94,10 @@ def _ms_stats(values: list[float]) -> dict[str, Any]:
             "mean_ms": statistics.fmean(ms) if ms else None}
 
 
-async def overhead(bench: BenchStack, *, n: int, workflow: str, name: str = "single_tool") -> dict[str, Any]:
+async def overhead(bench: BenchStack, *, n: int, name: str = "single_tool") -> dict[str, Any]:
     """Orchestration time per turn with one rollout in flight and a zero-latency model: model reply sent ->
     the rollout's next model request received, and last reply sent -> rollout row persisted."""
-    client = await _client(bench, workflow)
+    client = await _client(bench)
     run_id = _tag(f"overhead-{name}")
     bench.mock_stats(FAST, reset=True)
     try:
@@ -110,7 +110,7 @@ async def overhead(bench: BenchStack, *, n: int, workflow: str, name: str = "sin
     to_persist: list[float] = []
     if len(persisted) == len(convs):
         to_persist = [p - c[-1]["sent_wall"] for c, p in zip(convs, persisted, strict=True)]
-    return {"workload": name, "workflow": workflow, "n": n, "statuses": got.statuses,
+    return {"workload": name, "generate": bench.generate, "n": n, "statuses": got.statuses,
             "model_calls": sum(len(c) for c in convs), "conversations": len(convs),
             "reply_to_next_request": _ms_stats(between), "last_reply_to_persisted": _ms_stats(to_persist),
             "rollout_latency_p50_s": percentile(got.latencies, 50)}
@@ -126,14 +126,14 @@ def curve_n(in_flight: int, capacity: float | None, cap_s: float) -> tuple[int, 
     return n, False
 
 
-async def latency_curve(bench: BenchStack, *, points: list[int], latency_s: float, workflow: str, name: str,
+async def latency_curve(bench: BenchStack, *, points: list[int], latency_s: float, name: str,
                         capacity: float | None, cap_s: float) -> dict[str, Any]:
     """Rate with a fixed model latency at each in-flight count, against the model-bound rate
     (in flight / (model calls per rollout x latency))."""
     rows = []
     for in_flight in points:
         n, capped = curve_n(in_flight, capacity, cap_s)
-        client = await _client(bench, workflow)
+        client = await _client(bench)
         run_id = _tag(f"curve{in_flight}")
         bench.mock_stats(SLOW, reset=True)
         try:
@@ -149,20 +149,20 @@ async def latency_curve(bench: BenchStack, *, points: list[int], latency_s: floa
                      "p95_latency_s": percentile(got.latencies, 95),
                      "cpu_ms_per_rollout_by_process": {k: round(1000 * v / n, 2) for k, v in got.cpu_s.items()}})
     held = [r["in_flight"] for r in rows if (r["fraction_of_bound"] or 0) >= 0.9]
-    return {"workload": name, "workflow": workflow, "latency_s": latency_s, "time_cap_s": cap_s, "points": rows,
+    return {"workload": name, "generate": bench.generate, "latency_s": latency_s, "time_cap_s": cap_s, "points": rows,
             "highest_in_flight_at_90pct": max(held) if held else None}
 
 
-async def scaling(bench: BenchStack, *, n: int, window: int, in_flight: int, workflow: str,
+async def scaling(bench: BenchStack, *, n: int, window: int, in_flight: int,
                   name: str = "single_tool") -> dict[str, Any]:
     """One run of `n` rollouts, sampled every `window` completions; flatness as `bench.report.flatness` says."""
-    client = await _client(bench, workflow)
+    client = await _client(bench)
     run_id = _tag(f"scale{n}")
     try:
         got = await collect(bench, client, tasks_for(name, n, run_id), run_id=run_id, model=FAST,
                             in_flight=in_flight, window=window, on_done=_progress(f"scale {n}", n))
     finally:
         await client.close()
-    out = {"workload": name, "workflow": workflow, "n": n, "window": window, "in_flight": in_flight,
+    out = {"workload": name, "generate": bench.generate, "n": n, "window": window, "in_flight": in_flight,
            "rollouts_per_s": got.rate, "statuses": got.statuses, "windows": got.windows}
     return out | flatness(out)

@@ -20,13 +20,14 @@ import psutil
 import yaml
 
 from gymflow.client import GymflowClient
-from gymflow.kernel.config import Settings, load_settings
+from gymflow.kernel.config import ModelConfig, Settings, load_settings
 from workers.local_stack import LocalStack, free_port, wait_for_port
 
 POOLS = ("workflows", "env", "generate")
 FAST, SLOW = "mock", "mock_slow"  # model names in the bench config
 MOCK_PROCESSES = ("mock", "mock slow")  # excluded from the CPU totals (the issue's rule)
 STARTUP_S = 60
+DEFAULT_PLACEMENT = ModelConfig.model_fields["placement"].default
 
 
 def tree_cpu_seconds(pid: int, descendants: bool = True) -> float:
@@ -119,6 +120,7 @@ class BenchStack:
     sampler: MemorySampler
     procs: list[subprocess.Popen] = field(default_factory=list)
     stack: LocalStack | None = None
+    generate: str = DEFAULT_PLACEMENT  # the models' placement
 
     def cpu(self) -> dict[str, float]:
         out = {k: sum(tree_cpu_seconds(pid, desc) for pid in pids) for k, (pids, desc) in self.pids.items()}
@@ -130,10 +132,6 @@ class BenchStack:
         r = httpx.get(f"{root}/stats", params={"reset": int(reset)}, timeout=60)
         r.raise_for_status()
         return r.json()["requests"]
-
-    def with_workflow(self, workflow: str) -> Settings:
-        rollout = self.settings.rollout.model_copy(update={"workflow": workflow})
-        return self.settings.model_copy(update={"rollout": rollout})
 
     async def close(self) -> None:
         self.sampler.stop()
@@ -159,7 +157,7 @@ def _mock(port: int, latency: float) -> subprocess.Popen:
 
 
 async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path | None = None,
-                      generate: str = "pool", workflow_procs: int = 1) -> BenchStack:
+                      generate: str = DEFAULT_PLACEMENT, workflow_procs: int = 1) -> BenchStack:
     """Start everything; `concurrency` bounds rollouts in flight (workflow tasks, generate slots, model calls).
     `generate`: the models' placement ('pool': the generate pool calls them; 'local': the workflow pool does).
     `workflow_procs`: processes of the workflow pool (each gets `concurrency`; the CPU and memory are summed)."""
@@ -201,7 +199,7 @@ async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path 
                 "mock": ((procs[0].pid,), False), "mock slow": ((procs[1].pid,), False)}
         sampler = MemorySampler(pids).start()
         await asyncio.sleep(3)  # let the pools start polling, so the clocks measure steady state
-        return BenchStack(work, settings, client, addr.database_url, urls, pids, sampler, procs, stack)
+        return BenchStack(work, settings, client, addr.database_url, urls, pids, sampler, procs, stack, generate)
     except BaseException:
         for proc in procs:
             proc.terminate()

@@ -15,7 +15,7 @@ import time
 import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy.exc import OperationalError
@@ -41,7 +41,7 @@ from gymflow.kernel.config import Settings
 from gymflow.kernel.episode_wire import episode_input
 from gymflow.kernel.errors import ConfigError, GymflowError
 from gymflow.kernel.limits import MAX_RUN_ID_BYTES
-from gymflow.kernel.store.completed import completed_since
+from gymflow.kernel.store.completed import completed_by
 from gymflow.kernel.store.db import (
     database_location,
     is_unreachable,
@@ -71,7 +71,6 @@ RECONNECT_WAIT_ENV = "GYMFLOW_RECONNECT_WAIT_S"
 DEFAULT_RECONNECT_WAIT_S = 600.0
 NOTICE_EVERY_S = 5.0  # at most one "unreachable" line per this many seconds, however many rollouts wait
 OUTAGE_GAP_S = 30.0  # failures further apart than this are separate outages (the SDK retries ~10 s per call)
-DESCRIBE_TIMEOUT_S = 10.0  # one describe of a closed workflow, on the rare path that needs its start time
 CANCEL_GRACE_S = 10.0  # how long a stopped collection waits for its in-flight tasks to unwind
 _CLOSED_BY = {TerminatedError: failures.WORKFLOW_TERMINATED, CancelledError: failures.WORKFLOW_CANCELLED,
               TemporalTimeoutError: failures.WORKFLOW_TIMED_OUT}
@@ -107,7 +106,9 @@ def _summary_from_failure(err: WorkflowFailureError, inp: RolloutInput) -> Rollo
     if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
         return RolloutSummary.model_validate(cause.details[0])
     if isinstance(cause, ApplicationError):  # failed typed but unrecorded (e.g. store_unavailable)
-        kind, text = failures.known(cause.type), cause.message
+        kind = failures.known(cause.type)
+        # An exception raised in workflow code fails the rollout (workers/pools.py): its class goes in the message.
+        text = cause.message if kind == cause.type else f"workflow code raised {cause.type}: {cause.message}"
     else:  # closed from outside the workflow (terminated, cancelled, timed out)
         kind = next((name for cls, name in _CLOSED_BY.items() if isinstance(cause, cls)), failures.INTERNAL_ERROR)
         text = str(cause or err)
@@ -329,25 +330,22 @@ class GymflowClient:
                 # Terminated, timed out or cancelled. It may still have persisted the episode first: a cancel that
                 # arrives while an all-local episode's last workflow task runs is seen only when that task
                 # completes, and the replay that follows knows none of its turns. Keep that record.
-                kept = await self._completed_by(handle, inp)
+                desc = await self._ride_out(handle.describe, f"describe {inp.rollout_id}")
+                execution = (desc.run_id, desc.start_time)
+                kept = await self.in_store(lambda s: completed_by(s, inp.rollout_id, desc.run_id),
+                                           f"read rollout {inp.rollout_id}")
                 if kept is not None:
                     return kept
-                await self._save(summary, inp)  # it never persisted: record it here
+                await self._save(summary, inp, execution)  # it never persisted: record it here, fenced
             return summary
 
-    async def _completed_by(self, handle: WorkflowHandle[Any, RolloutSummary], inp: RolloutInput
-                            ) -> RolloutSummary | None:
-        """The rollout's completed record, if this execution wrote it (completed at or after its start)."""
-        try:
-            started = (await asyncio.wait_for(handle.describe(), timeout=DESCRIBE_TIMEOUT_S)).start_time
-        except (RPCError, TimeoutError):  # Temporal away: record the closure, as before this check existed
-            return None
-        return await self.in_store(lambda s: completed_since(s, inp.rollout_id, started),
-                                   f"read rollout {inp.rollout_id}")
-
-    async def _save(self, summary: RolloutSummary, inp: RolloutInput) -> None:
-        """Record a rollout the workflow could not; waits (bounded) for Postgres to come back."""
-        record = RolloutRecord(summary=summary, env=inp.task.env, model=inp.model)
+    async def _save(self, summary: RolloutSummary, inp: RolloutInput,
+                    execution: tuple[str, datetime] | None = None) -> None:
+        """Record a rollout the workflow could not; waits (bounded) for Postgres to come back. `execution` (run id,
+        start time) is the closed run's: a newer execution's record is never replaced (store/fence.py)."""
+        record = RolloutRecord(summary=summary, env=inp.task.env, model=inp.model,
+                               execution_id=execution[0] if execution else None,
+                               execution_started_at=execution[1] if execution else None)
 
         async def write() -> None:
             async with self._sessions.begin() as session:

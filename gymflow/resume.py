@@ -1,62 +1,69 @@
-"""Resume failed rollouts inside the episode: reset each failed workflow to just before the activity
-that failed it, so the steps that succeeded (setup, earlier turns, tool calls) are not run again.
+"""Resume failed rollouts inside the episode: start each failed rollout's workflow again from the last step it
+stored, so the steps that succeeded (setup, earlier turns, tool calls) are not run again.
+
+The failed run's failure carries where its episode stood (workflows/episode.py: the head message and the
+counters); the new run of the same workflow id starts there, as a continued-as-new run would. This works the same
+whatever ran the failed step (a local activity in the workflow pool, or an activity on a pool), where a reset to
+the failed activity would not: a local step has no activity event to reset to. The new run is a newer execution:
+its record replaces the failed one's (gymflow/kernel/store/fence.py).
 
 Use it after fixing what failed (an endpoint that was down, a verifier bug in a redeployed worker).
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType, ResetReapplyExcludeType
-from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
 
-_FAILED_ACTIVITY = {
-    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
-    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
-}
+from gymflow.kernel import names
+from gymflow.kernel.episode_wire import EpisodeInput, EpisodeRef
+from gymflow.kernel.wire import RolloutSummary
 
 
 @dataclass(frozen=True)
 class Resumed:
     workflow_id: str
     new_run_id: str | None
-    reset_event_id: int | None
+    from_turn: int | None  # the turn the new run starts at; None when nothing was resumed
     note: str
 
 
-def reset_point(events: Sequence[HistoryEvent]) -> int | None:
-    """The WorkflowTaskCompleted that scheduled the activity whose failure ended the episode."""
-    failed = [e for e in events if e.event_type in _FAILED_ACTIVITY]
-    if not failed:
+async def _failed_at(client: Client, workflow_id: str) -> tuple[EpisodeInput, EpisodeRef | None] | None:
+    """The failed run's input and where its episode stood; None when its latest run did not fail."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    first, last = history.events[0], history.events[-1]
+    if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
         return None
-    last = failed[-1]
-    scheduled = getattr(last, _FAILED_ACTIVITY[last.event_type]).scheduled_event_id
-    completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-                 and e.event_id < scheduled]
-    return max(completed) if completed else None
+    (inp,) = await client.data_converter.decode(
+        first.workflow_execution_started_event_attributes.input.payloads, [EpisodeInput])
+    failure = last.workflow_execution_failed_event_attributes.failure
+    payloads = failure.application_failure_info.details.payloads
+    details = await client.data_converter.decode(payloads) if payloads else []
+    ref = EpisodeRef.model_validate(details[1]) if len(details) > 1 and details[1] else None
+    return inp, ref
 
 
 async def resume_workflow(client: Client, workflow_id: str, reason: str) -> Resumed:
-    handle = client.get_workflow_handle(workflow_id)
-    history = await handle.fetch_history()
-    events = list(history.events)
-    point = reset_point(events)
-    if point is None:
-        return Resumed(workflow_id, None, None, "no failed activity to resume from; rerun with --retry-failed")
-    desc = await handle.describe()
-    resp = await client.workflow_service.reset_workflow_execution(ResetWorkflowExecutionRequest(
-        namespace=client.namespace,
-        workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=desc.run_id),
-        reason=reason, request_id=str(uuid.uuid4()), workflow_task_finish_event_id=point,
-        reset_reapply_exclude_types=[ResetReapplyExcludeType.RESET_REAPPLY_EXCLUDE_TYPE_SIGNAL],
-    ))
-    return Resumed(workflow_id, resp.run_id, point, "resumed")
+    """Start the failed rollout `workflow_id` again from the last step its episode stored. `reason` is kept as the
+    new run's memo, as Temporal keeps a reset's."""
+    from gymflow.client import WORKFLOW_TIMEOUT
+
+    found = await _failed_at(client, workflow_id)
+    if found is None:
+        return Resumed(workflow_id, None, None, "its latest run did not fail")
+    inp, ref = found
+    if ref is None:
+        return Resumed(workflow_id, None, None, "it failed before its episode began; rerun with --retry-failed")
+    desc = await client.get_workflow_handle(workflow_id).describe()
+    handle = await client.start_workflow(
+        names.EPISODE_WORKFLOW, inp.model_copy(update={"episode": ref}), id=workflow_id,
+        task_queue=names.WORKFLOWS_QUEUE, result_type=RolloutSummary, execution_timeout=WORKFLOW_TIMEOUT,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY, memo={"resumed": reason},
+        search_attributes=desc.typed_search_attributes)
+    return Resumed(workflow_id, handle.result_run_id, ref.turn, "resumed")
 
 
 def failed_query(run_id: str) -> str:

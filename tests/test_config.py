@@ -48,7 +48,9 @@ def test_api_key_env_must_be_a_name_not_a_key():
 
 def test_generation_placement_is_pool_or_local():
     base = {"base_url": "u", "model": "m"}
-    s = settings_from_mapping({"models": {"p": base, "q": {**base, "placement": "local"}}}, env={})
+    # explicit values: the default is the lead's to choose (gymflow/kernel/config.py)
+    s = settings_from_mapping({"models": {"p": {**base, "placement": "pool"}, "q": {**base, "placement": "local"}}},
+                              env={})
     assert (s.models["p"].placement, s.models["q"].placement) == ("pool", "local")
     with pytest.raises(ConfigError, match=r"models.p.placement: Input should be 'pool' or 'local'"):
         settings_from_mapping({"models": {"p": {**base, "placement": "gpu"}}}, env={})

@@ -241,3 +241,23 @@ async def test_a_zombie_attempt_s_late_write_never_replaces_the_accepted_one(ep,
     assert [m["content"] for m in transcript if m["role"] == "tool"] == ["answered by attempt 2"]
     # what the model saw next is that same accepted answer
     assert scripted.requests[-1].body["messages"][-1]["content"] == "answered by attempt 2"
+
+
+async def test_an_exception_in_workflow_code_fails_the_rollout_typed(ep, scripted, sql, run_id, monkeypatch):
+    # A bug in workflow code (here: the counters' update raises after turn 1) fails the rollout at once, typed and
+    # recorded, instead of retrying its workflow task until the 24 h execution timeout.
+    import workflows.episode as episode_workflow
+
+    def poisoned(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("poisoned workflow code")
+
+    monkeypatch.setattr(episode_workflow, "advanced", poisoned)
+    scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
+    inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    summary = await asyncio.wait_for(ep.run_rollout(inp), timeout=30)
+    assert (summary.status, summary.failure_type) == ("failed", "internal_error"), summary
+    assert "ZeroDivisionError" in (summary.failure_message or "")
+    desc = await ep.temporal.get_workflow_handle(inp.rollout_id).describe()
+    assert desc.status.name == "FAILED"
+    assert sql("SELECT status, failure_type FROM rollouts WHERE id = %s", inp.rollout_id) == [
+        ("failed", "internal_error")]

@@ -220,3 +220,42 @@ async def test_local_episode_histories_replay(local_gen, scripted, run_id):
     await record_episode_histories(local_gen, run_id, {
         "folded_turns_single_tool": {}, "folded_turns_context_length_failure": {},
         "folded_turns_continue_as_new": {"turns_per_run": 1}})
+
+
+async def test_a_step_whose_worker_keeps_dying_ends_typed(gf, scripted, settings, stack, run_id):
+    # A local step re-run again and again on workers that never ran it (each time its workflow task was lost: the
+    # worker died) ends as worker_lost after MAX_STEP_STARTS, instead of moving on to the next worker forever.
+    from temporalio.exceptions import ApplicationError
+
+    from activities.episode import MAX_STEP_STARTS
+
+    task = weather_task()
+    await gf.store_tasks(run_id, [task])
+    engine = make_engine(stack.database_url, pre_ping=False)
+    models = ModelClients(settings.models)
+    rid = f"{run_id}/{task.id}/0"
+    made: list[EpisodeActivities] = []
+    try:
+        first = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+        made.append(first)
+        head = await _local(ActivityEnvironment(), "1", names.EPISODE_BEGIN).run(
+            first.begin, BeginRequest(rollout_id=rid, run_id=run_id, task_id=task.id, sample_index=0, model="policy"))
+        turn = TurnRequest(rollout_id=rid, run_id=run_id, task_id=task.id, model="policy", turn=0, head_id=head,
+                           sampling=SamplingParams())
+        scripted.script(text("the answer"))
+        for _ in range(MAX_STEP_STARTS):  # a fresh worker each time: no cache, so each start is counted
+            made.append(EpisodeActivities(make_sessionmaker(engine), models, settings.environments))
+            await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(made[-1].generate, turn)
+        assert len(scripted.requests) == 1  # the first start called the model; the re-runs answered from Postgres
+        made.append(EpisodeActivities(make_sessionmaker(engine), models, settings.environments))
+        try:
+            await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(made[-1].generate, turn)
+        except ApplicationError as err:
+            assert err.type == "worker_lost" and err.non_retryable, err
+        else:
+            raise AssertionError("the step was started once too often without failing")
+    finally:
+        for made_here in made:
+            await made_here.close()
+        await models.close()
+        await engine.dispose()

@@ -79,6 +79,9 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
                   # Nothing schedules (non-local) activities on this queue: one poller is enough.
                   max_concurrent_activity_task_polls=1,
                   workflow_runner=workflow_runner(),
+                  # Any exception in workflow code (a bug, a non-determinism) fails the rollout, typed, instead of
+                  # retrying its workflow task until the 24 h execution timeout (docs/architecture.md).
+                  workflow_failure_exception_types=[Exception],
                   graceful_shutdown_timeout=timedelta(seconds=10))
 
 

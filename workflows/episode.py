@@ -102,7 +102,8 @@ class EpisodeWorkflow:
     @staticmethod
     def _begin_request(inp: EpisodeInput) -> BeginRequest:
         return BeginRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id,
-                            sample_index=inp.sample_index, model=inp.model)
+                            sample_index=inp.sample_index, model=inp.model,
+                            execution_started_at=workflow.info().workflow_start_time)
 
     async def _turns(self, inp: EpisodeInput) -> None:
         gen_opts = activity_options(inp.limits.generate, names.generate_queue(inp.model))
@@ -143,7 +144,8 @@ class EpisodeWorkflow:
             turn = self._turn_request(inp, before).model_copy(update={
                 "begin": None if ep is not None else self._begin_request(inp),
                 "finish": FinishPlan(episode=before, env=inp.env, sample_index=inp.sample_index,
-                                     max_turns=inp.max_turns)})
+                                     max_turns=inp.max_turns,
+                                     execution_started_at=workflow.info().workflow_start_time)})
             turned = await self._turn_here(inp, turn, started)
             self._episode = advanced(before, turned.generated, turned.ran)
             self._finished = turned.finished
@@ -153,7 +155,9 @@ class EpisodeWorkflow:
     def _turn_request(inp: EpisodeInput, ep: EpisodeRef) -> TurnRequest:
         return TurnRequest(rollout_id=inp.rollout_id, run_id=inp.run_id, task_id=inp.task_id, model=inp.model,
                            turn=ep.turn, head_id=ep.head_id, sampling=inp.sampling,
-                           max_episode_bytes=inp.limits.max_episode_bytes)
+                           max_episode_bytes=inp.limits.max_episode_bytes,
+                           max_reply_chars=inp.limits.max_reply_chars,
+                           max_tool_calls_per_turn=inp.limits.max_tool_calls_per_turn)
 
     def _generated(self, ep: EpisodeRef, gen: Generated) -> EpisodeRef:
         self._episode = advanced(ep, gen, None)
@@ -190,7 +194,8 @@ class EpisodeWorkflow:
         summary = self._summary(inp, started, failure)
         self._enter("verify" if failure is None else "persist")
         request = FinishRequest(summary=summary, env=inp.env, model=inp.model, head_id=ep.head_id if ep else None,
-                                verify=failure is None, started_at=started)
+                                verify=failure is None, started_at=started,
+                                execution_started_at=workflow.info().workflow_start_time)
         try:
             try:
                 done = await self._on_env(inp, names.EPISODE_FINISH, request, Finished)
@@ -223,5 +228,9 @@ class EpisodeWorkflow:
         workflow.upsert_search_attributes(updates)
         self._enter(summary.status)
         if failure:
-            raise ApplicationError(failure[1], summary.model_dump(mode="json"), type=failure[0], non_retryable=True)
+            # Details: the recorded summary (the client's), and where the episode stood (`gymflow resume` starts
+            # a new run there).
+            where = self._episode.model_dump(mode="json") if self._episode else None
+            raise ApplicationError(failure[1], summary.model_dump(mode="json"), where, type=failure[0],
+                                   non_retryable=True)
         return summary

@@ -110,4 +110,13 @@ class _Staged:
     cwd: str | None
     fds: tuple[int, ...]
     names: tuple[str, ...]
-    extra_fds: tuple[int, ...] = ()  # passed to the child too (the seccomp filter)
+    extra_fds: tuple[int, ...] = ()  # passed to the child too (the seccomp filter, the gate's read end)
+    gate_fd: int | None = None  # write end of bwrap's --block-fd: the program starts once we write to it
+
+
+@dataclass(frozen=True)
+class _Gate:
+    """Held shut until the namespace init has `rlimits` ({RLIMIT_*: value}); the program forks from it after."""
+
+    fd: int
+    rlimits: dict[int, int]

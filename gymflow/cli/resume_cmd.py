@@ -38,12 +38,13 @@ async def _resume(settings: Settings, run_id: str, wait: bool) -> tuple[list[Res
 @click.option("--wait", is_flag=True, help="Wait for the resumed rollouts and show how they ended.")
 @config_option
 def resume(run_id: str, wait: bool, config_path: str | None) -> None:
-    """Reset RUN's failed rollouts to just before the activity that failed them (after you fixed it)."""
+    """Start RUN's failed rollouts again from the last step they stored (after you fixed what failed them)."""
     resumed, outcomes = run(_resume(settings_or_exit(config_path), run_id, wait))
     if not resumed:
         click.echo(f"run {run_id}: no failed rollouts")
         return
-    table = Table("rollout", "reset after event", "result")
+    table = Table("rollout", "from turn", "result")
     for r in resumed:
-        table.add_row(r.workflow_id, str(r.reset_event_id or "-"), outcomes.get(r.workflow_id, r.note))
+        table.add_row(r.workflow_id, "-" if r.from_turn is None else str(r.from_turn),
+                      outcomes.get(r.workflow_id, r.note))
     Console().print(table)

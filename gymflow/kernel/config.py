@@ -10,18 +10,19 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gymflow.kernel.errors import ConfigError
-from gymflow.kernel.wire import RolloutLimits, SamplingParams
+from gymflow.kernel.safe_yaml import load_file
+from gymflow.kernel.wire import MAX_DURATION_S, RolloutLimits, SamplingParams
 
 DEFAULT_CONFIG_PATHS = ("gymflow.yaml", "gymflow.yml")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are never a setting: `.inf` would pass every lower bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -29,7 +30,7 @@ class ModelConfig(_Section):
     recorded: str | None = Field(None, description="A NeMo Gym rollouts JSONL whose model outputs are replayed")
     model: str = Field("recorded", description="Model id sent to the endpoint")
     api_key_env: str | None = Field(None, description="Name of the env var holding the key; never the key")
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = Field(600.0, gt=0, le=MAX_DURATION_S)
     concurrency: int = Field(64, ge=1, description="Requests in flight per worker process")
     logprobs: bool = False
     return_token_ids: bool = Field(False, description="vLLM: ask for prompt and generation token ids")
@@ -77,8 +78,8 @@ class TemporalTLSConfig(_Section):
 class TemporalConfig(_Section):
     address: str | None = Field(None, description="host:port; empty starts the embedded dev server")
     namespace: str = "default"
-    ui_port: int = 8233
-    port: int = 7233
+    ui_port: int = Field(8233, ge=1, le=65535)
+    port: int = Field(7233, ge=1, le=65535)
     tls: TemporalTLSConfig | None = Field(None, description="Connect over TLS; an API key alone also turns TLS on")
     api_key_env: str | None = Field(None, description="Name of the env var holding the Temporal API key; never the key")
     env_config: bool = Field(
@@ -91,6 +92,12 @@ class TemporalConfig(_Section):
         if v is not None and not _ENV_NAME.fullmatch(v):
             raise ValueError("must be the NAME of an environment variable, not the key itself")
         return v
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> TemporalConfig:
+        if self.address is None and self.port == self.ui_port:  # the embedded server binds both
+            raise ValueError(f"port and ui_port are both {self.port}: the embedded dev server needs two ports")
+        return self
 
 
 class DatabaseConfig(_Section):
@@ -191,10 +198,7 @@ def load_settings(path: str | Path | None = None, env: dict[str, str] | None = N
     p = Path(candidate)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist")
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    raw = load_file(p) or {}  # no aliases, at most 1 MiB: errors name the file and line
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
     return settings_from_mapping(raw, str(p), environ)

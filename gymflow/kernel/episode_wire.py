@@ -60,6 +60,9 @@ class BeginRequest(Wire):
     task_id: str
     sample_index: int
     model: str
+    # The run's start on Temporal's clock (workflow.info().workflow_start_time): with the run id, the fence of the
+    # rollout's row (gymflow/kernel/store/fence.py).
+    execution_started_at: datetime | None = None
 
 
 class FinishPlan(Wire):
@@ -70,6 +73,9 @@ class FinishPlan(Wire):
     env: str
     sample_index: int
     max_turns: int
+    # The run's start on Temporal's clock (workflow.info().workflow_start_time): with the run id, the fence of the
+    # rollout's row (gymflow/kernel/store/fence.py).
+    execution_started_at: datetime | None = None
 
 
 class TurnRequest(Wire):
@@ -83,7 +89,9 @@ class TurnRequest(Wire):
     turn: int
     head_id: int
     sampling: SamplingParams = SamplingParams()
-    max_episode_bytes: int | None = None  # RolloutLimits.max_episode_bytes; None in histories from before it
+    max_episode_bytes: int | None = None  # RolloutLimits.max_episode_bytes
+    max_reply_chars: int | None = None  # RolloutLimits.max_reply_chars
+    max_tool_calls_per_turn: int | None = None  # RolloutLimits.max_tool_calls_per_turn
     begin: BeginRequest | None = None
     finish: FinishPlan | None = None
 
@@ -150,8 +158,11 @@ class FinishRequest(Wire):
     head_id: int | None
     verify: bool
     # The latency is measured here, by the clock: workflow time stands still within one workflow task, and with
-    # generation local a whole episode can be one workflow task. None in histories recorded before.
+    # generation local a whole episode can be one workflow task.
     started_at: datetime | None = None
+    # The run's start on Temporal's clock (workflow.info().workflow_start_time): with the run id, the fence of the
+    # rollout's row (gymflow/kernel/store/fence.py).
+    execution_started_at: datetime | None = None
 
 
 class Finished(Wire):

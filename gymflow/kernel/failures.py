@@ -42,6 +42,12 @@ _TYPES = (
                 "needs: a judge model missing on an env worker, or a generation scheduled on the shared queue of "
                 "before per-model queues (generation now waits on its model's own queue).",
                 "Add the model under `models` on that pool's config."),
+    FailureType("reply_too_large", "failed", False, "One model reply was longer than limits.max_reply_chars "
+                "(content plus tool call arguments); it was not stored.",
+                "Set max_tokens in the sampling settings, or raise limits.max_reply_chars."),
+    FailureType("too_many_tool_calls", "failed", False, "One model reply made more tool calls than "
+                "limits.max_tool_calls_per_turn; none of them ran.",
+                "Raise limits.max_tool_calls_per_turn if the environment needs that many; else the model misbehaves."),
     FailureType("recording_exhausted", "failed", False, "A recorded model has no further turn for this task.",
                 "The recording and the dataset do not match; rebuild it with `gymflow data join`."),
     # -- the task and the episode --
@@ -66,6 +72,9 @@ _TYPES = (
     # -- infrastructure --
     FailureType("activity_timeout", "failed", True, "A step exceeded its timeouts on every attempt (a hung call, "
                 "or a worker that died and never came back).", "Check the pool's workers; resume the run."),
+    FailureType("worker_lost", "failed", True, "A step of the rollout was lost with its worker again and again "
+                "(the workflow pool's process died or hung each time it ran it: the step is poison).",
+                "Read the workflow pool's logs around the rollout id (out of memory, a crash); resume once fixed."),
     FailureType("store_unavailable", "failed", True, "Postgres could not be reached or refused a write on every "
                 "attempt.", "Check DATABASE_URL and the database; resume the run."),
     FailureType("workflow_terminated", "failed", False, "Someone terminated the rollout's workflow.",
@@ -93,6 +102,8 @@ RATE_LIMITED = "rate_limited"
 MODEL_BAD_RESPONSE = "model_bad_response"
 UNKNOWN_MODEL = "unknown_model"
 RECORDING_EXHAUSTED = "recording_exhausted"
+REPLY_TOO_LARGE = "reply_too_large"
+TOO_MANY_TOOL_CALLS = "too_many_tool_calls"
 BAD_TASK = "bad_task"
 UNKNOWN_ENV = "unknown_environment"
 TRANSCRIPT_TOO_LARGE = "transcript_too_large"
@@ -102,6 +113,7 @@ JUDGE_FAILED = "judge_failed"
 JUDGE_UNAVAILABLE = "judge_unavailable"
 SANDBOX_UNAVAILABLE = "sandbox_unavailable"
 ACTIVITY_TIMEOUT = "activity_timeout"
+WORKER_LOST = "worker_lost"
 STORE_UNAVAILABLE = "store_unavailable"
 WORKFLOW_TERMINATED = "workflow_terminated"
 WORKFLOW_CANCELLED = "workflow_cancelled"

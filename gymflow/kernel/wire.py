@@ -5,9 +5,10 @@ Everything here must stay small and serialisable; workflows import only this mod
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 JSON = dict[str, Any]
 
@@ -63,11 +64,18 @@ class ToolSpec(Wire):
         return {"type": "function", "function": fn}
 
 
+# Longer than any timeout anyone means: a bigger number is a unit slip (ms for s), and timedelta overflows.
+MAX_DURATION_S = 365 * 24 * 3600.0
+
+
 class SamplingParams(Wire):
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
+    # The OpenAI ranges (the local model server's too); NaN and infinity are never a setting.
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)  # vLLM's: a 64-bit integer
     stop: tuple[str, ...] | None = None
 
 
@@ -86,14 +94,30 @@ class Task(Wire):
 
 
 class ActivityLimits(Wire):
-    """Timeouts and retry bounds for one kind of activity. Every field is finite on purpose."""
+    """Timeouts and retry bounds for one kind of activity. Every field is finite on purpose: a zero or negative
+    timeout made every rollout hang, and Temporal reads max_attempts 0 as "retry forever"."""
 
-    start_to_close_s: float
-    schedule_to_close_s: float
-    heartbeat_s: float | None = None
-    max_attempts: int = 5
-    initial_backoff_s: float = 1.0
-    max_backoff_s: float = 60.0
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    start_to_close_s: float = Field(gt=0, le=MAX_DURATION_S)
+    schedule_to_close_s: float = Field(gt=0, le=MAX_DURATION_S, description="All attempts together")
+    heartbeat_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, description="null: no heartbeat timeout")
+    max_attempts: int = Field(5, ge=1)
+    initial_backoff_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
+    max_backoff_s: float = Field(60.0, gt=0, le=MAX_DURATION_S)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ActivityLimits:
+        if self.schedule_to_close_s < self.start_to_close_s:
+            raise ValueError(f"schedule_to_close_s ({self.schedule_to_close_s:g}) must be at least "
+                             f"start_to_close_s ({self.start_to_close_s:g}): it bounds all attempts together")
+        if self.heartbeat_s is not None and self.heartbeat_s > self.start_to_close_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s:g}) must be at most start_to_close_s "
+                             f"({self.start_to_close_s:g})")
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError(f"max_backoff_s ({self.max_backoff_s:g}) must be at least initial_backoff_s "
+                             f"({self.initial_backoff_s:g})")
+        return self
 
 
 class RolloutLimits(Wire):
@@ -107,6 +131,13 @@ class RolloutLimits(Wire):
     # The by-reference workflow keeps the episode in Postgres, far from Temporal's limit; this bounds what one
     # episode may store (and send to the model each turn). Measured as message contents plus tool calls.
     max_episode_bytes: int = Field(64 << 20, ge=1)
+    max_reply_chars: int = Field(1_000_000, ge=1, description="The most characters of one model reply (content "
+                                                              "plus tool call arguments) stored")
+    max_tool_calls_per_turn: int = Field(64, ge=1, description="Tool calls of one reply that are run")
+    # What one model reply may bring (issue "Hardening"): its characters (content + tool call arguments) and the
+    # tool calls of it that are run. Over either, the turn fails typed (reply_too_large, too_many_tool_calls).
+    max_reply_chars: int = Field(1_000_000, ge=1)
+    max_tool_calls_per_turn: int = Field(64, ge=1)
 
 
 class Usage(Wire):
@@ -206,3 +237,7 @@ class RolloutRecord(Wire):
     model: str
     transcript: tuple[ChatMessage, ...] = ()
     score_details: JSON = Field(default_factory=dict)
+    # The workflow execution that writes it (the fence, gymflow/kernel/store/fence.py): its run id and start time
+    # on Temporal's clock. None only for a rollout no execution ran (a start Temporal refused).
+    execution_id: str | None = None
+    execution_started_at: datetime | None = None

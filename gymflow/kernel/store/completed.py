@@ -3,8 +3,6 @@ outside (cancelled, terminated, timed out) after it had already persisted the ep
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
@@ -13,11 +11,11 @@ from gymflow.kernel.store.models import Rollout
 from gymflow.kernel.wire import RolloutSummary, Usage
 
 
-async def completed_since(session: AsyncSession, rollout_id: str, since: datetime) -> RolloutSummary | None:
-    """The rollout's row when it completed at or after `since` (the execution's start), else None: an earlier
-    run of the same rollout id finished before this execution began."""
+async def completed_by(session: AsyncSession, rollout_id: str, execution_id: str) -> RolloutSummary | None:
+    """The rollout's row when the execution `execution_id` (a workflow run id) completed it, else None (an earlier
+    run of the same rollout id, or none, wrote it)."""
     stmt = (sa.select(Rollout).options(defer(Rollout.transcript), defer(Rollout.score_details))
-            .where(Rollout.id == rollout_id, Rollout.status == "completed", Rollout.finished_at >= since))
+            .where(Rollout.id == rollout_id, Rollout.status == "completed", Rollout.execution_id == execution_id))
     row = (await session.execute(stmt)).scalar_one_or_none()
     if row is None:
         return None

@@ -181,6 +181,22 @@ async def produced(conn: Conn, rollout_id: str, producer: str) -> list[StoredMes
     return [StoredMessage(*row) for row in await cur.fetchall()]
 
 
+_START_AND_PRODUCED = f"""
+WITH bump AS (INSERT INTO step_starts (rollout_id, producer, starts) VALUES (%(rollout_id)s, %(producer)s, 1)
+              ON CONFLICT (rollout_id, producer) DO UPDATE SET starts = step_starts.starts + 1, updated_at = now()
+              RETURNING starts)
+SELECT b.starts, {", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLUMNS.split(","))}
+FROM bump b LEFT JOIN messages m ON m.rollout_id = %(rollout_id)s AND m.producer = %(producer)s
+ORDER BY m.producer_index
+"""
+
+
+async def started_and_produced(conn: Conn, rollout_id: str, producer: str) -> tuple[int, list[StoredMessage]]:
+    """Count one more start of the step `producer` and read what it stored so far: (starts, its batch)."""
+    rows = await (await conn.execute(_START_AND_PRODUCED, {"producer": producer, "rollout_id": rollout_id})).fetchall()
+    return rows[0][0], [StoredMessage(*row[1:]) for row in rows if row[1] is not None]
+
+
 _CHAIN = f"""
 WITH RECURSIVE chain AS (
     SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = %(head)s
@@ -262,17 +278,22 @@ _GENERATION_TYPES = {"rollout_id": "text", "turn": "int", "attempt": "int", "mod
                      "prompt_token_ids": "jsonb", "generation_token_ids": "jsonb", "generation_log_probs": "jsonb",
                      "policy_version": "text"}
 _GENERATION_COLUMNS = tuple(_GENERATION_TYPES)
+# The generations are written only when the rollout's row was (the fence, store/fence.py): the upsert comes first
+# and takes the row's lock, so of two executions saving at once the second waits for the first, sees what it
+# committed, and writes nothing when it is the stale one.
 _SAVE_EPISODE = f"""
-WITH stale AS (DELETE FROM generations WHERE rollout_id = %(id)s AND turn >= %(n_turns)s),
+WITH fenced AS ({ROLLOUT_UPSERT} RETURNING id),
+stale AS (DELETE FROM generations WHERE rollout_id = %(id)s AND turn >= %(n_turns)s AND EXISTS (SELECT 1 FROM fenced)),
 turns AS (
     INSERT INTO generations ({", ".join(_GENERATION_COLUMNS)})
     SELECT {", ".join(_GENERATION_COLUMNS)}
     FROM jsonb_to_recordset(%(generations)s::jsonb)
         AS g({", ".join(f"{c} {t}" for c, t in _GENERATION_TYPES.items())})
+    WHERE EXISTS (SELECT 1 FROM fenced)
     ON CONFLICT (rollout_id, turn) DO UPDATE SET
         {", ".join(f"{c} = EXCLUDED.{c}" for c in _GENERATION_COLUMNS[2:])}, created_at = now()
 )
-{ROLLOUT_UPSERT}
+SELECT count(*) FROM fenced
 """
 
 

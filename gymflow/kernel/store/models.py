@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -51,6 +51,11 @@ class Rollout(Base):
     score_details: Mapped[dict[str, Any]] = mapped_column(server_default=sa.text("'{}'::jsonb"))
     started_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # The fence (gymflow/kernel/store/fence.py): the workflow execution whose writes the row holds, when it started
+    # (Temporal's clock), and the executions it took the row from, which may never write it again.
+    execution_id: Mapped[str | None] = mapped_column(sa.Text)
+    execution_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    superseded_executions: Mapped[list[str]] = mapped_column(ARRAY(sa.Text), server_default="{}")
 
 
 class Generation(Base):

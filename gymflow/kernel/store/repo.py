@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gymflow.kernel.store.fence import TAKE_OVER, may_write
 from gymflow.kernel.store.models import Run
 from gymflow.kernel.wire import RolloutRecord
 
@@ -50,19 +51,23 @@ async def driver(session: AsyncSession) -> Conn:
     return raw.driver_connection
 
 
-_MARK_STARTED = """
-INSERT INTO rollouts (id, run_id, task_id, sample_index, env, model, status)
-VALUES (%(id)s, %(run_id)s, %(task_id)s, %(sample_index)s, %(env)s, %(model)s, 'running')
-ON CONFLICT (id) DO UPDATE SET status = 'running', started_at = now(), finished_at = NULL
-WHERE rollouts.status <> 'completed'
+_MARK_STARTED = f"""
+INSERT INTO rollouts (id, run_id, task_id, sample_index, env, model, status, execution_id, execution_started_at)
+VALUES (%(id)s, %(run_id)s, %(task_id)s, %(sample_index)s, %(env)s, %(model)s, 'running', %(execution_id)s,
+        %(execution_started_at)s)
+ON CONFLICT (id) DO UPDATE SET status = 'running', started_at = now(), finished_at = NULL, {TAKE_OVER}
+WHERE rollouts.status <> 'completed' AND {may_write("rollouts")}
 """
 
 
 async def mark_rollout_started(conn: Conn, *, rollout_id: str, run_id: str, task_id: str, sample_index: int,
-                               env: str, model: str) -> None:
-    """Insert the row as `running` so SQL sees in-flight episodes. Never downgrades a finished row."""
-    await conn.execute(_MARK_STARTED, storable(dict(id=rollout_id, run_id=run_id, task_id=task_id,
-                                                    sample_index=sample_index, env=env, model=model)))
+                               env: str, model: str, execution_id: str | None = None,
+                               execution_started_at: datetime | None = None) -> None:
+    """Insert the row as `running` so SQL sees in-flight episodes. Never downgrades a finished row, and never
+    takes the row from a newer execution (gymflow/kernel/store/fence.py)."""
+    await conn.execute(_MARK_STARTED, {**storable(dict(id=rollout_id, run_id=run_id, task_id=task_id,
+                                                        sample_index=sample_index, env=env, model=model)),
+                                       "execution_id": execution_id, "execution_started_at": execution_started_at})
 
 
 async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
@@ -71,13 +76,17 @@ async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
 
 _ROLLOUT_COLUMNS = ("id", "run_id", "task_id", "sample_index", "env", "model", "status", "reward", "masked",
                     "failure_type", "failure_message", "turns", "tool_calls", "prompt_tokens", "completion_tokens",
-                    "attempts", "latency_s", "transcript", "score_details", "finished_at")
+                    "attempts", "latency_s", "transcript", "score_details", "execution_id", "execution_started_at")
 _ROLLOUT_JSON = frozenset({"transcript", "score_details"})
-# Writes the rollout's row, replacing an earlier one (a retry, a rerun). Values come once, as EXCLUDED.
+_ROLLOUT_VALUES = ", ".join(f"%({c})s::jsonb" if c in _ROLLOUT_JSON else f"%({c})s" for c in _ROLLOUT_COLUMNS)
+# Writes the rollout's row, replacing an earlier one (a retry, a rerun) unless a newer execution owns it
+# (gymflow/kernel/store/fence.py). Values come once, as EXCLUDED; the finish time is the database's.
 ROLLOUT_UPSERT = f"""
-INSERT INTO rollouts ({", ".join(_ROLLOUT_COLUMNS)})
-VALUES ({", ".join(f"%({c})s::jsonb" if c in _ROLLOUT_JSON else f"%({c})s" for c in _ROLLOUT_COLUMNS)})
-ON CONFLICT (id) DO UPDATE SET {", ".join(f"{c} = EXCLUDED.{c}" for c in _ROLLOUT_COLUMNS[1:])}
+INSERT INTO rollouts ({", ".join(_ROLLOUT_COLUMNS)}, finished_at)
+VALUES ({_ROLLOUT_VALUES}, now())
+ON CONFLICT (id) DO UPDATE SET {", ".join(f"{c} = EXCLUDED.{c}" for c in _ROLLOUT_COLUMNS[1:-2])},
+    finished_at = now(), {TAKE_OVER}
+WHERE {may_write("rollouts")}
 """
 
 
@@ -95,5 +104,5 @@ def rollout_params(record: RolloutRecord) -> dict[str, Any]:
     ))
     values["transcript"], values["score_details"] = json.dumps(values["transcript"]), \
         json.dumps(values["score_details"])
-    values["finished_at"] = datetime.now(UTC)
+    values["execution_id"], values["execution_started_at"] = record.execution_id, record.execution_started_at
     return values
