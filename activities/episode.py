@@ -34,6 +34,7 @@ from activities.completion import request_body, to_message, token_data
 from activities.env_activities import EnvActivities, run_tool_call, verify_episode
 from activities.model_client import ModelClients, bad_response
 from activities.recorded import recorded
+from activities.redact import Redactor
 from environments.base import Environment, VerifyContext
 from environments.registry import get_environment
 from gymflow.kernel import names
@@ -50,7 +51,13 @@ from gymflow.kernel.episode_wire import (
     episode_summary,
 )
 from gymflow.kernel.errors import GymflowError, TaskError
-from gymflow.kernel.failures import TRANSCRIPT_TOO_LARGE, WORKER_LOST, short_message
+from gymflow.kernel.failures import (
+    REPLY_TOO_LARGE,
+    TOO_MANY_TOOL_CALLS,
+    TRANSCRIPT_TOO_LARGE,
+    WORKER_LOST,
+    short_message,
+)
 from gymflow.kernel.store.direct import DirectPool
 from gymflow.kernel.store.episodes import (
     NewMessage,
@@ -110,7 +117,8 @@ def _chat(messages: list[StoredMessage]) -> tuple[ChatMessage, ...]:
 
 class EpisodeActivities:
     def __init__(self, sessions: async_sessionmaker, models: ModelClients,
-                 env_options: dict[str, dict[str, Any]] | None = None, store_retry_s: float = STORE_RETRY_S) -> None:
+                 env_options: dict[str, dict[str, Any]] | None = None, store_retry_s: float = STORE_RETRY_S,
+                 redactor: Redactor | None = None) -> None:
         self._sessions = sessions  # the policy reads (PolicyCache), at most one per model per ~0.5 s
         engine = sessions.kw["bind"]
         # The episode's own statements on psycopg directly, in autocommit: reads and single-statement writes need
@@ -118,6 +126,7 @@ class EpisodeActivities:
         self._direct = DirectPool(engine.url.render_as_string(hide_password=False),
                                   max_size=engine.pool.size() + engine.pool._max_overflow)  # noqa: SLF001
         self._models = models
+        self._redactor = redactor or Redactor({})
         self._env_options = env_options or {}
         self._judges = EnvActivities(sessions, models, env_options)  # the judge plumbing, shared
         self._tasks: OrderedDict[tuple[str, str], Task] = OrderedDict()
@@ -345,6 +354,7 @@ class EpisodeActivities:
                           completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
             tokens = token_data(resp, choice)
             metrics.generation_done(req.model, time.monotonic() - started, usage)
+        message = self._checked_reply(req, message)
         meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
                 "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,
                 **await _POLICIES.turn_meta(req.model, self._read_policy, policy,
@@ -358,6 +368,24 @@ class EpisodeActivities:
             self._chains.drop(req.rollout_id)
         return Generated(head_id=ids[-1], tool_calls=len(message.tool_calls or ()), finish_reason=finish,
                          usage=usage, attempt=attempt)
+
+    def _checked_reply(self, req: TurnRequest, message: ChatMessage) -> ChatMessage:
+        """The reply within the run's limits (else the turn fails typed and nothing of it is stored), with the
+        worker's secrets redacted (activities/redact.py)."""
+        calls = message.tool_calls or ()
+        size = (len(message.content or "") + len(message.reasoning_content or "")
+                + sum(len(c.function.name) + len(c.function.arguments) for c in calls))
+        if req.max_reply_chars is not None and size > req.max_reply_chars:
+            raise GymflowError(f"the reply of turn {req.turn} has {size} characters, over limits.max_reply_chars="
+                               f"{req.max_reply_chars}", failure_type=REPLY_TOO_LARGE)
+        if req.max_tool_calls_per_turn is not None and len(calls) > req.max_tool_calls_per_turn:
+            raise GymflowError(f"the reply of turn {req.turn} makes {len(calls)} tool calls, over "
+                               f"limits.max_tool_calls_per_turn={req.max_tool_calls_per_turn}; none ran",
+                               failure_type=TOO_MANY_TOOL_CALLS)
+        if not self._redactor.hits(message.content, message.reasoning_content,
+                                   *(c.function.arguments for c in calls), *(c.function.name for c in calls)):
+            return message
+        return ChatMessage.model_validate(self._redactor.body(message.model_dump(exclude_none=True)))
 
     @activity.defn(name=names.EPISODE_RUN_TOOLS)
     async def run_tools(self, req: TurnRequest) -> ToolsRan:
@@ -382,7 +410,8 @@ class EpisodeActivities:
                     exclude_none=True), state=dict(state), tokens={"not_run": True}))
                 continue
             message, state, failed, done = await self._one_tool(env, task, state, call)
-            new.append(NewMessage(role="tool", body=message.model_dump(exclude_none=True), state=dict(state),
+            new.append(NewMessage(role="tool", body=self._redactor.body(message.model_dump(exclude_none=True)),
+                                  state=dict(state),
                                   tokens={"is_error": True} if failed else {"done": True} if done else None))
             ended_by = call.function.name if done else None
         if not new:

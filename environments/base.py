@@ -43,16 +43,39 @@ class ToolOutput:
     done: bool = False  # end the episode after this call's tool message (a stop rule of the environment's own)
 
 
+# (module-level function, *args) -> its result, run in a supervised process under the platform's limits.
+IsolatedFn = Callable[..., Awaitable[Any]]
+
+# Exceptions that are never the answer's fault: the machine or the process failed (I/O, a missing module, the
+# interpreter). A scorer that raises one masks the rollout (VerifierError); any other exception a scorer raises
+# over the model's answer scores it 0, as NeMo Gym does. MemoryError is left to propagate: the supervised process
+# that ran out of its memory cap reports it (`verifier_crashed`) and is replaced.
+PLATFORM_ERRORS: tuple[type[BaseException], ...] = (OSError, ImportError, SystemError)
+
+
 @dataclass
 class VerifyContext:
-    """What a verifier may use beyond the transcript. `chat` is None when no judge is available."""
+    """What a verifier may use beyond the transcript. `chat` is None when no judge is available.
+    `run_isolated` is set for a verifier that runs in the worker's event loop (`in_loop_reason`): it runs CPU-bound
+    work in a supervised process; see `run_isolated`."""
 
     policy_model: str
     chat: ChatFn | None = None
     options: JSON = field(default_factory=dict)
+    run_isolated: IsolatedFn | None = None
+
+
+async def run_isolated(ctx: VerifyContext, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` (a module-level function: it travels by name) in a supervised process when the verifier runs in
+    the worker's loop; called directly when verify already runs in one (or in a test). A call past its limit or whose
+    process dies raises `VerifierError` (masked, typed); what `fn` raises is raised here."""
+    if ctx.run_isolated is not None:
+        return await ctx.run_isolated(fn, *args)
+    return fn(*args)
 
 
 Placement = Literal["local", "pool"]
+Step = Literal["setup", "tool", "verify"]
 
 
 class Environment(ABC, Generic[T]):
@@ -70,6 +93,20 @@ class Environment(ABC, Generic[T]):
     def placement_for(cls, options: JSON) -> Placement:
         """The placement for a run with these environment options (the config's `environments.<name>`)."""
         return cls.placement
+
+    # Isolation (docs/environments.md): by default setup, tool calls and verify run in supervised worker processes
+    # (activities/env_processes.py), each call under a wall-clock and a memory limit, so nothing an environment does
+    # with a model's input can stall a worker's event loop. An adapter whose own work is async I/O to something that
+    # isolates it already (a sandbox, an HTTP server, a judge model) may run in the loop: it sets the one-line reason.
+    in_loop_reason: ClassVar[str | None] = None
+
+    def runs_in_loop(self, task: Task, options: JSON, step: Step) -> bool:
+        """Whether `step` of `task` runs in the worker's event loop (see `in_loop_reason`) for a run with these
+        options; False: in a supervised process. Decided in the worker: keep it cheap."""
+        return self.in_loop_reason is not None
+
+    def warm_up(self) -> None:
+        """Import or build what calls will need, once per supervised process, before any call's clock starts."""
     # Row fields beyond `task_type`'s own that this environment's rows carry (NeMo Gym rows bring extras such as
     # `uuid`). Routing (gymflow/kernel/routing.py) compares the fields each environment knows to catch a row sent
     # to the wrong one, so list the fields that tell your rows apart.

@@ -59,13 +59,15 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     run here as local activities: this pool reaches Postgres too."""
     from activities.episode import EpisodeActivities
     from activities.model_client import ModelClients
+    from activities.redact import Redactor
     from workflows.episode import EpisodeWorkflow
 
     engine = make_engine(database_url, pre_ping=False)  # activities retry every statement
     out.closers.append(engine.dispose)
     models = ModelClients(settings.models)
     out.closers.append(models.close)
-    local = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+    local = EpisodeActivities(make_sessionmaker(engine), models, settings.environments,
+                              redactor=Redactor.from_settings(settings))
     out.closers.append(local.close)
     concurrency = settings.pools.workflows.concurrency
     # A workflow task stays open while its local activities run: with generation local (models.<name>.placement)
@@ -119,15 +121,17 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
 
     from activities.episode import EpisodeActivities
     from activities.model_client import ModelClients
+    from activities.redact import Redactor
 
     models = ModelClients(settings.models)
     out.closers.append(models.close)
+    redactor = Redactor.from_settings(settings)  # the worker's secrets, kept out of stored messages
     if "env" in wanted:
         from environments.sandbox import describe_limits
 
         logging.getLogger(__name__).info("env pool: %s", describe_limits())  # what binds code_gen's programs
 
-        episode = EpisodeActivities(sessions, models, settings.environments)
+        episode = EpisodeActivities(sessions, models, settings.environments, redactor=redactor)
         out.closers.append(episode.close)
         concurrency = settings.pools.env.concurrency
         out.workers.append(Worker(
@@ -137,7 +141,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
             max_task_queue_activities_per_second=settings.pools.env.rate_limit_per_s,
             graceful_shutdown_timeout=shutdown_grace))
     if "generate" in wanted:
-        episode_gen = EpisodeActivities(sessions, models, settings.environments)
+        episode_gen = EpisodeActivities(sessions, models, settings.environments, redactor=redactor)
         out.closers.append(episode_gen.close)
         # One worker per model queue: a rollout waits for a worker that has its model instead of failing on
         # one that lacks it. Concurrency and the rate limit apply per model queue.

@@ -63,6 +63,12 @@ _TYPES = (
     # -- verification (masked: excluded from training and metrics, never scored 0) --
     FailureType("verifier_failed", "masked", False, "The verifier could not score the episode.",
                 "Read score_details.error; the rollout is excluded from rewards."),
+    FailureType("verifier_timeout", "masked", False, "The verifier (or a check it ran, e.g. math-verify) ran past its "
+                "wall-clock limit in its supervised process; the limit counts from when a process took the call.",
+                "Raise environments.<env>.verify_timeout_s if such answers are legitimately slow to check."),
+    FailureType("verifier_crashed", "masked", False, "The verifier's supervised process died (killed, exited, or "
+                "past its memory cap) before it gave a verdict.",
+                "Read score_details.error; raise environments.<env>.memory_mb if the check needs more memory."),
     FailureType("judge_failed", "masked", True, "The judge model gave no usable verdict after its retries.",
                 "Check the judge model; rerun verification with `gymflow resume`."),
     FailureType("judge_unavailable", "masked", False, "A judge is needed but none is configured or reachable.",
@@ -109,6 +115,8 @@ UNKNOWN_ENV = "unknown_environment"
 TRANSCRIPT_TOO_LARGE = "transcript_too_large"
 ENVIRONMENT_ERROR = "environment_error"
 VERIFIER_FAILED = "verifier_failed"
+VERIFIER_TIMEOUT = "verifier_timeout"
+VERIFIER_CRASHED = "verifier_crashed"
 JUDGE_FAILED = "judge_failed"
 JUDGE_UNAVAILABLE = "judge_unavailable"
 SANDBOX_UNAVAILABLE = "sandbox_unavailable"
