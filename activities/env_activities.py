@@ -1,8 +1,8 @@
-"""Environment activities (CPU pool): episode setup, tool calls, verification."""
+"""Environment steps as the activities run them: episode setup, tool calls, verification, each in a supervised
+process (activities/env_processes.py) unless the environment runs in the worker's loop (`in_loop_reason`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,11 +10,11 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from activities import metrics
 from activities.boundary import heartbeating
+from activities.env_calls import score, tool_result
+from activities.env_processes import EnvProcesses, Limits
 from activities.model_client import ModelClients
 from activities.recorded import RecordedJudge, recorded
-from environments.base import ChatFn, Environment, TaskData, ToolOutput, VerifyContext
-from gymflow.kernel.errors import ToolError, VerifierError
-from gymflow.kernel.failures import known
+from environments.base import ChatFn, Environment, TaskData, VerifyContext
 from gymflow.kernel.wire import (
     JSON,
     ChatMessage,
@@ -22,61 +22,58 @@ from gymflow.kernel.wire import (
     Task,
     ToolCall,
     ToolResult,
+    ToolSpec,
 )
 
-# A tool's output goes to the model and into workflow history: cap it, and say so to the model.
-MAX_TOOL_OUTPUT_CHARS = 100_000
+
+async def setup_episode(env: Environment, task: Task, processes: EnvProcesses | None = None,
+                        options: JSON | None = None) -> tuple[list[ChatMessage], JSON, tuple[ToolSpec, ...]]:
+    """(initial messages, initial state, tool schemas) of a new episode."""
+    options = options or {}
+    if processes is not None and processes.isolates(env, task, options, "setup"):
+        return await processes.setup(env, task, Limits.from_options(options))
+    data = env.parse_task(task)
+    return list(env.initial_messages(task, data)), env.setup(task, data), tuple(env.tools(task, data))
 
 
-def _tool_message(call: ToolCall, content: str) -> ChatMessage:
-    if len(content) > MAX_TOOL_OUTPUT_CHARS:
-        cut = len(content) - MAX_TOOL_OUTPUT_CHARS
-        content = f"{content[:MAX_TOOL_OUTPUT_CHARS]}\n[output truncated: {cut} more characters]"
-    return ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name, content=content)
+async def run_tool_call(env: Environment, task: Task, data: TaskData | None, state: JSON, call: ToolCall,
+                        processes: EnvProcesses | None = None, options: JSON | None = None) -> ToolResult:
+    """One tool call, as both workflow shapes run it: a bad call (unknown tool, bad arguments, ToolError, or one
+    past its limits in its supervised process) becomes an error message for the model with the state unchanged; a
+    good one may end the episode. `data` (the parsed task) is needed only to run it here, without `processes`."""
+    options = options or {}
+    # Heartbeat while the tool runs: a killed env worker is noticed at the heartbeat timeout.
+    if processes is not None and processes.isolates(env, task, options, "tool"):
+        res = await heartbeating(processes.tool(env, task, state, call, Limits.from_options(options)))
+    else:
+        res = await heartbeating(tool_result(env, task, data if data is not None else env.parse_task(task), state,
+                                             call))
+    metrics.tool_call(task.env, "error" if res.is_error else "ok")
+    return res
 
 
-def _parse_arguments(raw: str) -> dict[str, Any]:
-    try:
-        args = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError as e:
-        raise ToolError(f"arguments are not valid JSON ({e.msg} at column {e.colno}): {raw[:200]}") from None
-    if not isinstance(args, dict):
-        raise ToolError("arguments must be a JSON object")
-    return args
+async def verify_episode(env: Environment, data: TaskData | None, messages: Sequence[ChatMessage], state: JSON,
+                         ctx: VerifyContext, task: Task | None = None, processes: EnvProcesses | None = None
+                         ) -> Score:
+    """The environment's verdict; an unscorable episode (a verifier past its limits included) is masked, never
+    scored 0. With `processes` and `task`, verify runs in a supervised process, or, for an environment that runs in
+    the loop, there with `ctx.run_isolated` for its CPU-bound checks."""
+    if processes is not None and task is not None:
+        limits = Limits.from_options(ctx.options)
+        if processes.isolates(env, task, ctx.options, "verify"):
+            # code_gen-like verifiers run for tens of seconds: heartbeat throughout.
+            return await heartbeating(processes.verify(env, task, messages, state, ctx.policy_model, ctx.options,
+                                                       limits))
 
+        async def isolated(fn: Any, *args: Any) -> Any:
+            return await processes.run(fn, args, limits)
 
-def ends_episode(env: Environment, task: Task, data: TaskData, name: str, out: ToolOutput) -> bool:
-    """Whether a successful call ends the episode: the environment said so, or the tool is a terminal one."""
-    return bool(out.done) or name in env.terminal_tools(task, data)
-
-
-async def run_tool_call(env: Environment, task: Task, data: TaskData, state: JSON, call: ToolCall) -> ToolResult:
-    """One tool call, as both workflow shapes run it: a bad call (unknown tool, bad arguments, ToolError) becomes
-    an error message for the model with the state unchanged; a good one may end the episode."""
-    name = call.function.name
-    available = {t.name for t in env.tools(task, data)}
-    try:
-        if name not in available:
-            raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(available)) or 'none'}")
-        args = _parse_arguments(call.function.arguments)
-        # Heartbeat while the tool runs: a killed env worker is noticed at the heartbeat timeout.
-        out = await heartbeating(env.call_tool(data, dict(state), name, args))
-    except ToolError as e:
-        metrics.tool_call(task.env, "error")
-        return ToolResult(message=_tool_message(call, f"Error: {e}"), state=state, is_error=True)
-    metrics.tool_call(task.env, "ok")
-    return ToolResult(message=_tool_message(call, out.content), state=out.state,
-                      done=ends_episode(env, task, data, name, out))
-
-
-async def verify_episode(env: Environment, data: TaskData, messages: Sequence[ChatMessage], state: JSON,
-                         ctx: VerifyContext) -> Score:
-    """The environment's verdict; an unscorable episode is masked, never scored 0."""
-    try:
-        # code_gen's verify runs programs for tens of seconds: heartbeat throughout.
-        return await heartbeating(env.verify(data, messages, state, ctx))
-    except VerifierError as e:
-        return Score(reward=None, masked=True, failure_type=known(e.failure_type), details={"error": str(e)})
+        ctx.run_isolated = isolated
+    if data is None:
+        if task is None:
+            raise ValueError("verify_episode needs the task or its parsed data")
+        data = env.parse_task(task)
+    return await heartbeating(score(env, data, messages, state, ctx))
 
 
 class EnvActivities:

@@ -31,7 +31,8 @@ from activities import metrics
 from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_read, retry_store
 from activities.chain_cache import ChainCache, message_size
 from activities.completion import request_body, to_message, token_data
-from activities.env_activities import EnvActivities, run_tool_call, verify_episode
+from activities.env_activities import EnvActivities, run_tool_call, setup_episode, verify_episode
+from activities.env_processes import EnvProcesses
 from activities.model_client import ModelClients, bad_response
 from activities.recorded import recorded
 from activities.redact import Redactor
@@ -118,7 +119,7 @@ def _chat(messages: list[StoredMessage]) -> tuple[ChatMessage, ...]:
 class EpisodeActivities:
     def __init__(self, sessions: async_sessionmaker, models: ModelClients,
                  env_options: dict[str, dict[str, Any]] | None = None, store_retry_s: float = STORE_RETRY_S,
-                 redactor: Redactor | None = None) -> None:
+                 redactor: Redactor | None = None, processes: EnvProcesses | None = None) -> None:
         self._sessions = sessions  # the policy reads (PolicyCache), at most one per model per ~0.5 s
         engine = sessions.kw["bind"]
         # The episode's own statements on psycopg directly, in autocommit: reads and single-statement writes need
@@ -133,11 +134,15 @@ class EpisodeActivities:
         self._task_tools: OrderedDict[tuple[str, str], tuple[ToolSpec, ...]] = OrderedDict()
         self._chains = ChainCache()
         self.store_retry_s = store_retry_s
+        # Environment code runs in these supervised processes (None: in this loop, as tests may choose).
+        self._processes = processes
 
     # ---- reads and writes, each retried on its own (bounded) so a database blip costs no model call ----
 
     async def close(self) -> None:
         await self._direct.close()
+        if self._processes is not None:
+            await self._processes.close()  # idempotent: the pool's builder closes it too
 
     async def _read(self, what: str, read: Callable[[Conn], Awaitable[T]]) -> T:
         return await retry_read(self._direct.connection, read, what, budget_s=self.store_retry_s)
@@ -249,10 +254,7 @@ class EpisodeActivities:
         metrics.rollout_started(req.run_id, task.env, req.model, activity.info().attempt)
         with boundary("environment", f"{task.env} setup"):
             env = get_environment(task.env)
-            data = env.parse_task(task)
-            initial = list(env.initial_messages(task, data))
-            state = env.setup(task, data)
-            tools = tuple(env.tools(task, data))
+            initial, state, tools = await setup_episode(env, task, self._processes, self._env_options.get(task.env))
         if not initial:
             raise TaskError("the task has no prompt messages")
         new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
@@ -426,7 +428,7 @@ class EpisodeActivities:
                         ) -> tuple[ChatMessage, dict[str, Any], bool, bool]:
         """(tool message, state after, failed, ended the episode)."""
         with boundary("environment", f"{task.env} tool {call.function.name[:80]!r}"):
-            res = await run_tool_call(env, task, env.parse_task(task), state, call)
+            res = await run_tool_call(env, task, None, state, call, self._processes, self._env_options.get(task.env))
         return res.message, dict(res.state), res.is_error, res.done
 
     @activity.defn(name=names.EPISODE_FINISH)
@@ -465,8 +467,8 @@ class EpisodeActivities:
             env = get_environment(task.env)
             ctx = VerifyContext(policy_model=req.model, chat=self._judges._judge_chat(task.id),  # noqa: SLF001
                                 options=dict(self._env_options.get(task.env, {})))
-            return await verify_episode(env, env.parse_task(task), _chat(chain), copy.deepcopy(latest_state(chain)),
-                                        ctx)
+            return await verify_episode(env, None, _chat(chain), copy.deepcopy(latest_state(chain)), ctx, task,
+                                        self._processes)
 
 
 def _check_episode_size(req: TurnRequest, chain: list[StoredMessage], new: list[NewMessage]) -> None:

@@ -156,11 +156,22 @@ def _mock(port: int, latency: float) -> subprocess.Popen:
                              "--latency", str(latency)], stdout=subprocess.DEVNULL)
 
 
+def _worker_command(install: str | None) -> list[str]:
+    if install is None:
+        return [sys.executable, "-m", "gymflow.cli.main"]
+    module, _, function = install.partition(":")
+    return [sys.executable, "-c", f"import {module}; {module}.{function}(); "
+            "from gymflow.cli.main import main; main()"]
+
+
 async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path | None = None,
-                      generate: str = DEFAULT_PLACEMENT, workflow_procs: int = 1) -> BenchStack:
+                      generate: str = DEFAULT_PLACEMENT, workflow_procs: int = 1, install: str | None = None,
+                      pool_env: dict[str, str] | None = None) -> BenchStack:
     """Start everything; `concurrency` bounds rollouts in flight (workflow tasks, generate slots, model calls).
     `generate`: the models' placement ('pool': the generate pool calls them; 'local': the workflow pool does).
-    `workflow_procs`: processes of the workflow pool (each gets `concurrency`; the CPU and memory are summed)."""
+    `workflow_procs`: processes of the workflow pool (each gets `concurrency`; the CPU and memory are summed).
+    `install`: a `module:function` each pool process calls before `gymflow worker` starts (a bench environment's
+    registration, bench/hostile_env.py). `pool_env`: extra environment variables for the pool processes."""
     work = Path(tempfile.mkdtemp(prefix="gymflow-bench-"))
     os.chmod(work, 0o755)
     procs: list[subprocess.Popen] = []
@@ -184,8 +195,9 @@ async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path 
         for pool in POOLS:
             for i in range(workflow_procs if pool == "workflows" else 1):
                 out = (logs / f"pool-{pool}-{i}.log").open("ab")
-                procs.append(subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", pool,
-                                               "--config", str(config)], stdout=out, stderr=subprocess.STDOUT))
+                procs.append(subprocess.Popen([*_worker_command(install), "worker", "--pool", pool,
+                                               "--config", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                              env={**os.environ, **(pool_env or {})}))
                 pool_pids[pool].append(procs[-1].pid)
         for port in ports.values():
             wait_for_port("127.0.0.1", port, STARTUP_S, procs[0])

@@ -183,6 +183,7 @@ class EquivalenceLLMJudgeEnvironment(Environment[EquivalenceLLMJudgeTask]):
 
     name = "equivalence_llm_judge"
     task_type = EquivalenceLLMJudgeTask
+    in_loop_reason = "its verdict is a judge model's (async `ctx.chat`); its regexes run with a timeout (`regex`)"
     row_fields = ("question", "uuid", "options", "reward_profiles", "judge_evaluations")  # NeMo Gym: unread here
 
     def __init__(self, *, judge_backoff_s: float = 1.0) -> None:

@@ -16,30 +16,31 @@ Parity notes (NeMo Gym 0.7.0's app.py):
   verdict is "different";
 - a judge reply without a label counts as "different"; the first label in the text wins.
 Deliberate differences: a judge that cannot be reached masks the rollout (`VerifierError`) instead of
-scoring it; the boxed answer is the last complete top-level `\\boxed{}` (`\\boxed {x}` counts, escaped
-braces do not, and a truncated last box falls back to the one before it), where NeMo Gym takes the last
-`\\boxed{` and scores 0 when that one is unterminated.
+scoring it; a math-verify check past its time limit (NeMo Gym's 10 s, `verify_timeout_s` here) or whose process
+dies is masked, not scored 0 (under load a true answer timed out); the boxed answer is the last complete
+top-level `\\boxed{}` (`\\boxed {x}` counts, escaped braces do not, and a truncated last box falls back
+to the one before it), where NeMo Gym takes the last `\\boxed{` and scores 0 when that one is unterminated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
-import os
 import re
-from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
+from collections.abc import Sequence
 from typing import Any
 
 from environments.base import (
+    PLATFORM_ERRORS,
     ChatFn,
     Environment,
     Placement,
+    Step,
     TaskData,
     ToolOutput,
     VerifyContext,
     episode_assistant_texts,
+    run_isolated,
 )
 from gymflow.kernel.errors import GymflowError, ToolError, VerifierError
 from gymflow.kernel.failures import JUDGE_FAILED, JUDGE_UNAVAILABLE
@@ -114,15 +115,19 @@ def strip_math_delimiters(s: str) -> str:
     return s
 
 
-# ---- the library check (runs in a worker process) ------------------------------------------------
+# ---- the library check (runs in a supervised process) ---------------------------------------------
 
 
 def library_check(expected_answer: str, generated: str) -> tuple[float, str | None]:
-    """math-verify verdict and extracted answer for the generated text, as NeMo Gym computes them; any error
-    scores 0.
+    """math-verify verdict and extracted answer for the generated text, as NeMo Gym computes them.
 
-    Timeouts are disabled (signal.alarm only works in a main thread): callers bound the time by
-    running this in a process they can kill (`CheckerPool`).
+    The line between a 0 and a mask: what the answer causes scores 0, as in NeMo Gym (nothing parses, nothing
+    matches, or math-verify / SymPy raises over the answer's text). What is the platform's is never a 0: a check
+    past its time limit or whose process dies or runs out of memory is masked by the supervised process that runs it
+    (`verifier_timeout` / `verifier_crashed`), and an I/O or import failure here is a `VerifierError` (masked).
+
+    math-verify's own timeouts are off: they use signal.alarm (main thread only) and turn a timeout into a silent
+    False, i.e. a 0. The supervised process is killed at the verify limit instead.
     """
     from math_verify import parse, verify
     from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
@@ -136,24 +141,12 @@ def library_check(expected_answer: str, generated: str) -> tuple[float, str | No
         # The first extraction that matches is the answer (NeMo Gym's choice); stop there, SymPy is slow.
         match = next((p for p in pred if verify(gold, p, timeout_seconds=None)), None)
         return (0.0, str(pred[0])) if match is None else (1.0, str(match))
-    except Exception:  # math-verify and SymPy raise all sorts; NeMo Gym scores these 0 too
+    except MemoryError:
+        raise  # the process's memory cap: its supervisor masks the rollout and replaces the process
+    except PLATFORM_ERRORS as e:
+        raise VerifierError(f"math-verify could not run: {e!r}") from None
+    except Exception:  # math-verify and SymPy raise all sorts over an answer; NeMo Gym scores these 0 too
         return 0.0, None
-
-
-def _serve(conn: Connection) -> None:
-    """Worker loop: run `(fn, args)` jobs until the parent closes the pipe."""
-    import math_verify  # noqa: F401  (import once, before the first job's clock starts)
-
-    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    while True:
-        try:
-            fn, args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            conn.send((True, fn(*args)))
-        except Exception as e:
-            conn.send((False, repr(e)))
 
 
 MARK_COMPLETE = "mark_task_complete"
@@ -161,82 +154,6 @@ COMPLETE_TOOL = ToolSpec(name=MARK_COMPLETE, description="Mark the task complete
                          parameters={"type": "object", "properties": {}})
 CONFIRM_COMPLETE = ("Are you sure you want to mark the task as complete? Your answer will be graded and you won't "
                     "be able to change it. If so, call mark_task_complete again.")
-
-
-class CheckRaised(RuntimeError):
-    """math-verify raised on this input (the answer's fault, as in NeMo Gym: scored 0)."""
-
-
-class _Worker:
-    """One long-lived checker process, reused until a job overruns; then it is killed."""
-
-    def __init__(self, ctx: Any) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="math-verify")
-        self.proc.start()
-        child.close()
-
-    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        self.conn.send((fn, args))
-        await _readable(self.conn)
-        ok, value = self.conn.recv()  # EOFError when the process died mid-job
-        if not ok:
-            raise CheckRaised(value)
-        return value
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
-
-
-async def _readable(conn: Connection) -> None:
-    """Wait on the event loop, without a thread, until the worker has answered (or died)."""
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
-    try:
-        await ready
-    finally:
-        loop.remove_reader(conn.fileno())
-
-
-class CheckerPool:
-    """Up to `size` spawned worker processes; a job past `timeout_s` gets its process killed.
-
-    Long-lived workers cost well under 1 ms per check (NeMo Gym forks one per check, ~100 ms of
-    CPU). `spawn`, not `fork`: the parent is a threaded Temporal worker.
-    """
-
-    def __init__(self, size: int, timeout_s: float, start_method: str = "spawn") -> None:
-        self.size, self.timeout_s = size, timeout_s
-        self._ctx = mp.get_context(start_method)
-        self._idle: list[_Worker] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._slots = asyncio.Semaphore(size)
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        # asyncio primitives belong to one loop; tests and workers may each bring their own.
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._loop, self._slots = loop, asyncio.Semaphore(self.size)
-        return self._slots
-
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
-        """`fn(*args)` in a worker. Raises TimeoutError, EOFError (worker died) or RuntimeError (fn raised)."""
-        async with self._semaphore():
-            worker = self._idle.pop() if self._idle else _Worker(self._ctx)
-            try:
-                result = await asyncio.wait_for(worker.call(fn, args), timeout_s or self.timeout_s)
-            except BaseException:  # timeout, death or cancellation: its state is unknown, so kill it
-                worker.kill()
-                raise
-            self._idle.append(worker)
-            return result
-
-    def close(self) -> None:
-        while self._idle:
-            self._idle.pop().kill()
 
 
 # ---- the judge -----------------------------------------------------------------------------------
@@ -280,11 +197,25 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
 
     name = "math_with_judge"
     task_type = MathWithJudgeTask
-    placement = "local"  # math-verify in this pool's own checker processes; a judge moves it to the env pool
+    placement = "local"  # math-verify in the workflow pool's supervised processes; a judge moves it to the env pool
 
     @classmethod
     def placement_for(cls, options: JSON) -> Placement:
         return "pool" if options.get("judge_model") or options.get("should_use_judge") else "local"
+
+    def runs_in_loop(self, task: Task, options: JSON, step: Step) -> bool:
+        """Verify with a judge runs in the worker's loop (the judge is an async model call, `ctx.chat`), its
+        math-verify check still in a supervised process (`run_isolated`); all else runs in a supervised process."""
+        if step != "verify":
+            return False
+        use = options.get("should_use_judge")
+        use = task.data.get("should_use_judge") if use is None else use
+        return use is not False and bool(use or options.get("judge_model") or task.data.get("judge_model"))
+
+    def warm_up(self) -> None:
+        import math_verify  # noqa: F401 - SymPy's import takes a second: before the first check's clock starts
+
+        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
 
     def tools(self, task: Task, data: MathWithJudgeTask) -> Sequence[ToolSpec]:
         return (*task.tools, COMPLETE_TOOL) if data.completion_tool else task.tools
@@ -302,11 +233,7 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
     # What NeMo Gym's rollout rows add; routing must not take a joined replay row for another environment's.
     row_fields = ("extracted_answer", "library_reward", "judge_evaluations")
 
-    def __init__(self, *, library_timeout_s: float = 10.0, library_workers: int | None = None,
-                 library_start_method: str = "spawn", judge_attempts: int = 3, judge_backoff_s: float = 1.0) -> None:
-        # 10 s is NeMo Gym's `library_verifier_timeout_seconds`; some true answers need ~5 s of SymPy.
-        workers = library_workers or max(1, min(8, os.cpu_count() or 1))
-        self.pool = CheckerPool(workers, library_timeout_s, library_start_method)
+    def __init__(self, *, judge_attempts: int = 3, judge_backoff_s: float = 1.0) -> None:
         self.judge_attempts, self.judge_backoff_s = judge_attempts, judge_backoff_s
 
     async def verify(self, data: MathWithJudgeTask, messages: Sequence[ChatMessage], state: JSON,
@@ -317,12 +244,10 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
                          "library_reward": 0.0, "judge_evaluations": None}
         if boxed is None or not boxed.strip():  # NeMo Gym: no boxed answer, no library check and no judge
             return Score(reward=0.0, details=details)
-        timeout = ctx.options.get("library_timeout_s")  # a run may allow slow SymPy more time
-        library_reward, extracted, library_error = await self._library(
-            data.expected_answer, text, float(timeout) if timeout else None)
+        # Bounded by the verify limit (environments.math_with_judge.verify_timeout_s, or its older name
+        # library_timeout_s): past it the rollout is masked, never 0 (see `library_check`).
+        library_reward, extracted = await run_isolated(ctx, library_check, data.expected_answer, text)
         details.update(extracted_answer=extracted, library_reward=library_reward)
-        if library_error:
-            details["library_error"] = library_error
         if library_reward > 0.5:
             return Score(reward=library_reward, details=details)
         judge_model = self._judge_model(data, ctx)
@@ -337,25 +262,6 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
         gold = ChatMessage(role="assistant", content="\\boxed{" + data.expected_answer + "}")
         ctx = VerifyContext("", options={"should_use_judge": False})  # the gold must pass on the library alone
         return await self.verify(data, (*task.messages, gold), {}, ctx)
-
-    def close(self) -> None:
-        self.pool.close()
-
-    async def _library(self, expected: str, text: str, timeout_s: float | None = None
-                       ) -> tuple[float, str | None, str | None]:
-        """(reward, extracted answer, error). What the answer caused scores 0, as in NeMo Gym: a check that
-        timed out, raised, or killed its process mid-job. A checker process that cannot start is the
-        platform's failure, not the answer's: unscorable (masked), never 0."""
-        timeout_s = timeout_s or self.pool.timeout_s
-        try:
-            reward, extracted = await self.pool.run(library_check, expected, text, timeout_s=timeout_s)
-        except TimeoutError:
-            return 0.0, None, f"timed out after {timeout_s:g} s"
-        except (CheckRaised, EOFError) as e:
-            return 0.0, None, f"checker process failed: {e!r}"
-        except (OSError, RuntimeError) as e:
-            raise VerifierError(f"math-verify checker process could not run: {e!r}") from None
-        return reward, extracted, None
 
     def _judge_model(self, data: MathWithJudgeTask, ctx: VerifyContext) -> str | None:
         """The judge to ask, None when the judge is off. Asked for but unavailable: unscorable."""

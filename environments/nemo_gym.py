@@ -72,6 +72,7 @@ def _scalar_details(reply: JSON, sent: JSON) -> JSON:
 class NemoGymEnvironment(Environment[NemoGymTask]):
     name = "nemo_gym"
     task_type = NemoGymTask
+    in_loop_reason = "its work is async HTTP to NeMo Gym's resources servers, processes of their own"
 
     # A nemo_gym row is any NeMo Gym row plus `resources_server`: routing must not send a math row here to
     # `math_with_judge` (gymflow/kernel/routing.py).

@@ -27,8 +27,8 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import extract_answer
 
-from environments.base import JSON, Environment, TaskData, VerifyContext, episode_assistant_texts
-from gymflow.kernel.errors import TaskError
+from environments.base import JSON, PLATFORM_ERRORS, Environment, TaskData, VerifyContext, episode_assistant_texts
+from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task
 
 ENV_NAME = "reasoning_gym"
@@ -131,8 +131,10 @@ def _score(data: ReasoningGymTask, answer: str) -> Score:
     try:
         entry = entry_for(data)
         reward = float(_dataset_for(data).score_answer(answer, entry))
-    except TaskError:
-        raise
+    except (TaskError, MemoryError):
+        raise  # MemoryError: the supervised process's cap; it masks the rollout and is replaced
+    except PLATFORM_ERRORS as e:  # the platform's failure, not the answer's: masked, never 0
+        raise VerifierError(f"reasoning-gym scorer for {name} could not run: {e!r}"[:300]) from None
     except Exception as e:  # as NeMo Gym: a scorer tripping over the model's answer scores 0
         return Score(reward=0.0, details={"dataset": name, "reason": "scorer_error", "error": repr(e)[:300]})
     return Score(reward=reward, details={"dataset": name, "extracted_answer": answer[:500]})
@@ -175,7 +177,8 @@ class ReasoningGymEnvironment(Environment[ReasoningGymTask]):
         answer = extract_final_answer(episode_assistant_texts(messages))
         if not answer:
             return Score(reward=0.0, details={"dataset": data.dataset_name, "reason": "no_answer"})
-        # Generating an item or scoring it can take a while for some datasets: keep the event loop free.
+        # Generating an item or scoring it can take a while for some datasets: off the event loop (workers run
+        # verify in a supervised process, under its time limit: a timeout masks, never scores 0).
         return await asyncio.to_thread(_score, data, answer)
 
     async def validate(self, task: Task) -> Score | None:

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the example's own modules, when run as a script
@@ -41,6 +40,7 @@ from gymflow.cli.demo_cmd import embedded_pools, local_policy, start_local_model
 from gymflow.client import GymflowClient  # noqa: E402
 from gymflow.kernel.config import Settings  # noqa: E402
 from gymflow.kernel.store.models import Generation  # noqa: E402
+from gymflow.localmodel.control import load_weights as post_load_weights  # noqa: E402
 from gymflow.training.groups import Group, usable  # noqa: E402
 from gymflow.training.iterator import iterate_groups  # noqa: E402
 from gymflow.training.policy import current_policy_version, declare_policy_version  # noqa: E402
@@ -113,16 +113,15 @@ async def _turn_rows(session: Any, rollout_ids: list[str]) -> list[dict[str, Any
     return [dict(r) for r in result.mappings()]
 
 
-def load_weights(base_url: str, path: Path, version: str) -> float:
-    """Hot-swap the served weights; returns the server's load time."""
-    resp = httpx.post(base_url.rstrip("/") + "/load_weights", json={"path": str(path), "version": version},
-                      timeout=LOAD_TIMEOUT_S)
-    if resp.status_code != 200 or resp.json().get("policy_version") != version:
-        raise RuntimeError(f"load_weights {version}: HTTP {resp.status_code}: {resp.text[:300]}")
-    return float(resp.json().get("load_s", 0.0))
+def load_weights(server: Any, path: Path, version: str) -> float:
+    """Hot-swap the served weights (with the server's control token); returns the server's load time."""
+    reply = post_load_weights(server.base_url, server.control_token, path, version, timeout_s=LOAD_TIMEOUT_S)
+    if reply.get("policy_version") != version:
+        raise RuntimeError(f"load_weights {version}: the server answered {str(reply)[:300]}")
+    return float(reply.get("load_s", 0.0))
 
 
-async def train(args: argparse.Namespace, settings: Settings, procs: list, base_url: str, out: Path) -> list[dict]:
+async def train(args: argparse.Namespace, settings: Settings, procs: list, server: Any, out: Path) -> list[dict]:
     import torch
 
     from gymflow.localmodel import load_float_model
@@ -149,7 +148,7 @@ async def train(args: argparse.Namespace, settings: Settings, procs: list, base_
             t2 = time.monotonic()
             version = f"v{step}"
             await asyncio.to_thread(model.save_pretrained, weights / version)
-            load_s = await asyncio.to_thread(load_weights, base_url, weights / version, version)
+            load_s = await asyncio.to_thread(load_weights, server, weights / version, version)
             current = await declare_policy_version(client, MODEL, version)
             shutil.rmtree(weights / f"v{step - 1}", ignore_errors=True)  # 540 MB each; the server holds the new one
             mean = sum(rewards) / len(rewards) if rewards else float("nan")
@@ -205,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the stack, pools and model server are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        server = start_local_model(["--threads", str(args.server_threads)])
+        (out / "weights").mkdir(mode=0o700, exist_ok=True)  # the only place the server loads weights from
+        server = start_local_model(["--threads", str(args.server_threads), "--weights-root", str(out / "weights")],
+                                   state_dir=state)
     except click.ClickException as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = with_policy(base_settings(state, args), local_policy(server.base_url, DEFAULT_NAME), config,
                                {"temperature": args.temperature, "max_tokens": args.max_tokens})
         with embedded_pools(settings, str(config), headless=True) as (settings, procs, _):
-            curve = asyncio.run(train(args, settings, procs, server.base_url, out))
+            curve = asyncio.run(train(args, settings, procs, server, out))
     finally:
         server.stop()
     elapsed = time.monotonic() - started

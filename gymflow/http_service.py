@@ -1,10 +1,19 @@
-"""An HTTP server on a daemon thread, as the scripted model, the bench's mock and the local model server run."""
+"""An HTTP server on a daemon thread, as the scripted model, the bench's mock and the local model server run,
+and the rule for where every server of the project listens."""
 
 from __future__ import annotations
 
 import threading
 from http.server import HTTPServer
 from typing import Self
+
+LOOPBACK = "127.0.0.1"
+
+
+def listen_host(host: str | None) -> str:
+    """The address a server binds: the one the operator named, else loopback. To socket.bind an empty host
+    means every interface; none of our servers has authentication enough for that to be a default."""
+    return (host or "").strip().strip("[]") or LOOPBACK
 
 
 class ThreadedHTTPService:

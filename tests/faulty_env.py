@@ -43,6 +43,9 @@ class FaultyTask(TaskData):
 class FaultyEnvironment(Environment[FaultyTask]):
     name = NAME
     task_type = FaultyTask
+    # Its faults are the worker's to handle (timeouts, zombies): the zombie tool reads the activity's attempt and
+    # reports to this process. The supervised processes get their own hostile environment (tests/hostile_env.py).
+    in_loop_reason = "tests the worker's own timeouts; its zombie tool reads activity.info()"
 
     def tools(self, task: Task, data: FaultyTask) -> Sequence[ToolSpec]:
         return TOOLS

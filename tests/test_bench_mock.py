@@ -105,3 +105,41 @@ def test_bench_report_and_compare_read_results():
     assert "| single tool rollouts/s | >= 45 | 50.0 | met |" in render(after)
     assert "| single tool rollouts/s | >= 45 | 10.0 | **missed** |" in render(before)
     assert "| `workloads.single_tool.rollouts_per_s` | 10 | 50 | +400% |" in compare(before, after)
+
+
+def test_side_by_side_table_and_noisy_report():
+    from bench.nemo_gym_side_by_side import table
+    from bench.noisy_neighbour import KINDS, hostile_tasks, report
+
+    g = {"system": "gymflow", "pair": 1, "generate": "local", "workflow_procs": 1, "rollouts_per_s": 40.0,
+         "cpu_s_per_1000_total": 36.0, "transitions_per_rollout": 3.0, "p50_latency_s": 10.0, "p95_latency_s": 20.0,
+         "statuses": {"completed": 1000}, "cpu_s_per_1000": {"temporal": 16.0, "mock": 1.0}}
+    ng = {"system": "NeMo Gym 0.7.0", "pair": 1, "rollouts_per_s": 50.0, "cpu_s_per_1000_total": 30.0, "rows": 1000,
+          "mean_reward": 1.0, "cpu_s_per_1000": {"ray": 2.0}}
+    out = table([g, ng])
+    assert "| 1 | gymflow (`placement: local`, 1 workflow-pool process) | 40.0 | 36.0 | 3.0 |" in out
+    assert "mock" not in out.split("\n")[2] and "rate 0.80-0.80x" in out and "CPU per rollout 1.20-1.20x" in out
+
+    tasks = hostile_tasks("t", 5.0)
+    assert [t.id.rsplit("-", 1)[1] for t in tasks][1:] == ["spin", "allocate", "print", "hang_verify"]
+    assert len(tasks) == len(KINDS) and tasks[0].env == "workplace_assistant"
+    assert tasks[0].tools[0].parameters["properties"]["name"]["default"] == "(.*)*(.*)*Q"
+    assert [t.id for t in hostile_tasks("t", 5.0, ("spin",))] == ["t-hostile-spin"]
+    run = {"n_normal": 2, "wall_s": 1.0, "normal_done_s": 1.0, "normal_p50_s": 1.0, "normal_max_s": 2.0,
+           "pool_log_bytes": 0, "peak_pss_mib": {"pool workflows": 100}}
+    runs = [run | {"pair": 1, "hostile": False, "normal_p95_s": 1.0, "hostile_outcomes": {}},
+            run | {"pair": 1, "hostile": True, "normal_p95_s": 1.4, "hostile_outcomes": {"spin": {
+                "status": "completed", "failure_type": None, "masked": False, "reward": 1.0, "latency_s": 10.0,
+                "tool_message": "Error: tool call exceeded its 10 s limit"}}}]
+    text = report(runs)
+    assert "1.40x (target <= 1.5x: met)" in text and "| 1 | 2 + 1 hostile |" in text and "exceeded its 10 s" in text
+
+
+def test_stack_worker_command_installs_first():
+    import sys
+
+    from bench.stack import _worker_command
+
+    assert _worker_command(None) == [sys.executable, "-m", "gymflow.cli.main"]
+    cmd = _worker_command("bench.hostile_env:install")
+    assert cmd[1] == "-c" and cmd[2].startswith("import bench.hostile_env; bench.hostile_env.install(); ")

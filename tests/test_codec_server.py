@@ -75,7 +75,7 @@ async def _activity_results(client: GymflowClient, rollout_id: str) -> dict[str,
 
 async def test_decode_adds_the_messages_behind_head_ids(ep, scripted, codec, run_id):
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
-    inp = ep.make_input(run_id, weather_task(), 0, "policy")
+    inp = ep.make_input(run_id, weather_task(), 0, "pooled")  # generate as activities: payloads with head ids
     assert (await ep.run_rollout(inp)).status == "completed"
     results = await _activity_results(ep, inp.rollout_id)
     generated = results[names.EPISODE_GENERATE]

@@ -92,12 +92,12 @@ def _skip_reason() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Any]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if reason := _skip_reason():
         pytest.skip(reason)
     from gymflow.localmodel import start_in_thread
 
-    srv = start_in_thread()
+    srv = start_in_thread(weights_root=tmp_path_factory.mktemp("weights"))
     yield srv
     srv.stop()
 
@@ -182,19 +182,20 @@ def test_bad_requests_get_a_clear_error(http: httpx.Client, raw: bytes, status: 
     assert r.status_code == status and words in r.json()["error"]["message"]
 
 
-def test_load_weights_changes_version_and_output(server: Any, http: httpx.Client, tmp_path: Any) -> None:
+def test_load_weights_changes_version_and_output(server: Any, http: httpx.Client) -> None:
     import torch
 
+    root, auth = server.weights_root.root, {"Authorization": f"Bearer {server.control_token}"}
     assert http.get("/models").json()["data"][0]["policy_version"] == "v0"
-    bad = http.post("/load_weights", json={"path": str(tmp_path / "nope"), "version": "v1"})
+    bad = http.post("/load_weights", json={"path": "nope", "version": "v1"}, headers=auth)
     assert bad.status_code == 400 and "not a directory" in bad.json()["error"]["message"]
     before = _chat(http, max_tokens=8, temperature=0, return_token_ids=True)
     model = copy.deepcopy(server.engine.model)
     with torch.no_grad():
         g = torch.Generator().manual_seed(0)
         model.model.norm.weight.mul_(torch.rand(model.model.norm.weight.shape, generator=g) * 2)
-    model.save_pretrained(tmp_path / "w")
-    r = http.post("/load_weights", json={"path": str(tmp_path / "w"), "version": "v3"})
+    model.save_pretrained(root / "w")
+    r = http.post("/load_weights", json={"path": str(root / "w"), "version": "v3"}, headers=auth)
     assert r.status_code == 200 and r.json()["policy_version"] == "v3", r.text
     assert http.get("/models").json()["data"][0]["policy_version"] == "v3"
     after = _chat(http, max_tokens=8, temperature=0, return_token_ids=True)

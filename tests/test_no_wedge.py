@@ -24,6 +24,8 @@ async def test_a_large_task_and_a_large_answer_never_wedge_a_workflow(gf, script
     client = gf
     scripted.script(text("a" * ANSWER_BYTES))
     inp = client.make_input(run_id, _big_task("big"), 0, "policy")
+    # Over the default max_reply_chars (1,000,000): this probe is about history, so the limit makes room.
+    inp = inp.model_copy(update={"limits": inp.limits.model_copy(update={"max_reply_chars": 2_000_000})})
     summary = await client.run_rollout(inp)
     desc = await client.temporal.get_workflow_handle(inp.rollout_id).describe()
     assert desc.status != WorkflowExecutionStatus.RUNNING

@@ -130,7 +130,9 @@ def proxy(certs: Certs, stack: Any) -> Any:
 def _tls_config(path: Path, base: Path, proxy: TLSProxy, tls: dict[str, Any], **extra: Any) -> Path:
     raw = yaml.safe_load(base.read_text())
     raw["temporal"] = {"address": proxy.address, "tls": tls, "env_config": False, **extra}
-    raw["models"]["tls-policy"] = {**raw["models"]["policy"], "model": "scripted-tls"}
+    # On the generate pool: only the worker under test polls tls-policy's queue (a local model would be called by
+    # whichever workflow worker runs the episode).
+    raw["models"]["tls-policy"] = {**raw["models"]["policy"], "model": "scripted-tls", "placement": "pool"}
     path.write_text(yaml.safe_dump(raw))
     return path
 

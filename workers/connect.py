@@ -16,7 +16,14 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import LoggingConfig, PrometheusConfig, Runtime, TelemetryConfig, TelemetryFilter
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    PrometheusConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.service import TLSConfig
 
 from gymflow.kernel.config import Settings, TemporalTLSConfig
@@ -72,6 +79,33 @@ def quiet_runtime() -> Runtime:
     restart) straight to the terminal. We report outages ourselves, once, so its logs stop at ERROR."""
     return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
         filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))))
+
+
+CORE_LOGGER = "temporalio.core"
+# Expected by design: with every step local, a workflow task lasts as long as the episode's local activities
+# (the SDK extends it), so the core's "Workflow task duration exceeded 5 seconds" would be printed per episode.
+_EXPECTED_CORE_WARNINGS = ("TMPRL1104",)
+
+
+class _ExpectedCoreWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(code in text for code in _EXPECTED_CORE_WARNINGS)
+
+
+def worker_logging() -> LoggingConfig:
+    """The SDK core's logs (WARN and up) through Python logging, as the worker's own lines are: no raw colour
+    codes in a log file, and without the warnings the episode shape makes expected (see above)."""
+    logger = logging.getLogger(CORE_LOGGER)
+    if not any(isinstance(f, _ExpectedCoreWarnings) for f in logger.filters):
+        logger.addFilter(_ExpectedCoreWarnings())
+    return LoggingConfig(filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+                         forwarding=LogForwardingConfig(logger=logger))
+
+
+def worker_runtime() -> Runtime:
+    """The Runtime of a worker without a metrics endpoint (workers/metrics.py makes the one with)."""
+    return Runtime(telemetry=TelemetryConfig(logging=worker_logging()))
 
 
 def prometheus_runtime(bind: str) -> Runtime:

@@ -1,7 +1,9 @@
 """One Prometheus endpoint per worker: gymflow's rollout metrics (activities/metrics.py) with the SDK's own.
 
 The SDK's Rust exporter listens on a private 127.0.0.1 port and each scrape of `--metrics HOST:PORT` folds its
-families into prometheus_client's registry, so an operator scrapes one endpoint per worker.
+families into prometheus_client's registry, so an operator scrapes one endpoint per worker. The endpoint has no
+authentication: `:PORT` (no host) means loopback, and only an address the operator names is reachable from
+other machines.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 import activities.metrics  # noqa: F401 - registers gymflow's rollout metrics in the served registry
+from gymflow.http_service import listen_host
 from gymflow.kernel.errors import ConfigError
+from workers.connect import worker_logging
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +49,12 @@ class SdkMetrics(Collector):
 
 
 def split_bind(bind: str) -> tuple[str, int]:
-    host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--metrics {bind!r}: expected HOST:PORT, e.g. 0.0.0.0:9464")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    """(host, port) of `HOST:PORT`, `[IPv6]:PORT` or `:PORT`; an empty host is loopback, never every interface."""
+    host, sep, port = bind.strip().rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--metrics {bind!r}: expected HOST:PORT, e.g. 127.0.0.1:9464 (0.0.0.0:9464 to serve "
+                          "every interface)")
+    return listen_host(host), int(port)
 
 
 def start_server(bind: str) -> None:
@@ -71,7 +77,7 @@ def serve(bind: str) -> Runtime:
     The SDK's counters get `_total` and its durations are seconds, as Prometheus conventions ask."""
     start_server(bind)
     sdk_bind = f"127.0.0.1:{_loopback_port()}"
-    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
+    runtime = Runtime(telemetry=TelemetryConfig(logging=worker_logging(), metrics=PrometheusConfig(
         bind_address=sdk_bind, counters_total_suffix=True, durations_as_seconds=True)))
     REGISTRY.register(SdkMetrics(f"http://{sdk_bind}/metrics"))
     return runtime

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -18,6 +18,9 @@ from gymflow.kernel import names
 from gymflow.kernel.config import Settings
 from gymflow.kernel.errors import ConfigError
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
+
+if TYPE_CHECKING:
+    from activities.env_processes import EnvProcesses
 
 Pool = Literal["workflows", "env", "generate", "all"]
 POOLS: tuple[str, ...] = ("workflows", "env", "generate")
@@ -54,7 +57,19 @@ def workflow_runner() -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
     raise ConfigError(f"${WORKFLOW_SANDBOX_ENV}={mode!r}: one of off, passthrough, strict")
 
 
-def _workflow_worker(client: Client, settings: Settings, database_url: str, out: PoolWorkers) -> Worker:
+def _env_processes(out: PoolWorkers) -> EnvProcesses:
+    """The supervised processes environment code runs in (activities/env_processes.py), shared by this process's
+    workflow and env workers; closed (bounded) after they stop."""
+    from activities.env_processes import EnvProcesses
+
+    processes = EnvProcesses()
+    processes.start()
+    out.closers.append(processes.close)
+    return processes
+
+
+def _workflow_worker(client: Client, settings: Settings, database_url: str, out: PoolWorkers,
+                     processes: EnvProcesses | None) -> Worker:
     """Workflows, plus the environment-side steps of environments placed "local" (environments/base.py), which
     run here as local activities: this pool reaches Postgres too."""
     from activities.episode import EpisodeActivities
@@ -67,7 +82,7 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     models = ModelClients(settings.models)
     out.closers.append(models.close)
     local = EpisodeActivities(make_sessionmaker(engine), models, settings.environments,
-                              redactor=Redactor.from_settings(settings))
+                              redactor=Redactor.from_settings(settings), processes=processes)
     out.closers.append(local.close)
     concurrency = settings.pools.workflows.concurrency
     # A workflow task stays open while its local activities run: with generation local (models.<name>.placement)
@@ -107,10 +122,11 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
     `generate_models`: the models whose generate queues to poll (default: every configured model)."""
     wanted = POOLS if pool == "all" else (pool,)
     out = PoolWorkers(workers=[])
+    processes = _env_processes(out) if {"workflows", "env"} & set(wanted) else None
     if "workflows" in wanted:
         # No migrate here: workflows keep running while Postgres is down (their local activities retry, bounded),
         # so this pool must start without it. The env and generate pools apply migrations.
-        out.workers.append(_workflow_worker(client, settings, database_url, out))
+        out.workers.append(_workflow_worker(client, settings, database_url, out, processes))
     if "env" not in wanted and "generate" not in wanted:
         return out
 
@@ -131,7 +147,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
 
         logging.getLogger(__name__).info("env pool: %s", describe_limits())  # what binds code_gen's programs
 
-        episode = EpisodeActivities(sessions, models, settings.environments, redactor=redactor)
+        episode = EpisodeActivities(sessions, models, settings.environments, redactor=redactor, processes=processes)
         out.closers.append(episode.close)
         concurrency = settings.pools.env.concurrency
         out.workers.append(Worker(

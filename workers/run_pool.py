@@ -12,7 +12,7 @@ from temporalio.client import Client
 from gymflow.kernel.config import Settings
 from gymflow.kernel.store.db import migrate_when_reachable
 from workers import metrics
-from workers.connect import connect_temporal, resolve_addresses, startup_wait_s, temporal_options
+from workers.connect import connect_temporal, resolve_addresses, startup_wait_s, temporal_options, worker_runtime
 from workers.pools import Pool, build_pool, served_models
 
 log = logging.getLogger("gymflow.worker")
@@ -27,7 +27,7 @@ async def _dependencies(settings: Settings, pool: Pool, metrics_bind: str | None
         # Migrations run here, with retries, so build_pool's own migrate finds the schema at head.
         await migrate_when_reachable(database, wait_s=wait_s, on_wait=log.warning)
     # One endpoint per worker: rollout metrics plus the SDK's (task slots, schedule-to-start, pollers).
-    runtime = metrics.serve(metrics_bind) if metrics_bind else None
+    runtime = metrics.serve(metrics_bind) if metrics_bind else worker_runtime()
     client = await connect_temporal(temporal, wait_s=wait_s, runtime=runtime, on_wait=log.warning, options=options)
     log.info("connected to Temporal at %s (%s)", temporal, options.describe())  # describe() never shows secrets
     return client, database

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from environments.sandbox.cgroups import RunCgroup
 from environments.sandbox.execution import _Channels, _classify, _shielded, _Spawn
-from environments.sandbox.types import Limits, SandboxResult, _Gate, _Staged
+from environments.sandbox.types import Limits, SandboxResult, _Staged
 
 
 class Sandbox(ABC):
@@ -28,7 +28,6 @@ class Sandbox(ABC):
         limits = limits or Limits()
         contents = {"main.py": source, **(files or {})}
         _check_names(contents)
-        _check_sizes(contents, limits)
         async with self._confine(limits) as cgroup:
             with self._stage(contents) as staged:
                 chan = _Channels.open()
@@ -39,9 +38,8 @@ class Sandbox(ABC):
                 except BaseException:
                     chan.close_all()
                     raise
-                gate = None if staged.gate_fd is None else _Gate(staged.gate_fd, self._init_rlimits(limits))
                 spawn = _Spawn(argv, pass_fds=(chan.ready_w, chan.info_w, *staged.fds, *staged.extra_fds),
-                               cwd=staged.cwd, env=self._env(staged), user=user, gate=gate)
+                               cwd=staged.cwd, env=self._env(staged), user=user)
                 run = await _shielded(spawn, _as_bytes(stdin), limits, chan, reports_init=self._reports_init)
             run.oom_killed = cgroup is not None and cgroup.oom_killed()
         return _classify(run, self._signal_exit_base)
@@ -64,23 +62,11 @@ class Sandbox(ABC):
     def _user(self) -> int | None:
         return None
 
-    def _init_rlimits(self, limits: Limits) -> dict[int, int]:
-        """rlimits set on the namespace init before the program starts (where `_stage` made a gate)."""
-        return {}
-
 
 def _check_names(contents: Mapping[str, bytes | str]) -> None:
     for name in contents:
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"sandbox file name {name!r}: a plain file name is required")
-
-
-def _check_sizes(contents: Mapping[str, bytes | str], limits: Limits) -> None:
-    # The sandbox's rlimits are set before bwrap copies these files in, RLIMIT_FSIZE included.
-    for name, data in contents.items():
-        size = len(_as_bytes(data))
-        if size > limits.file_bytes:
-            raise ValueError(f"sandbox file {name!r} is {size} bytes, over Limits.file_bytes ({limits.file_bytes})")
 
 
 def _as_bytes(data: bytes | str) -> bytes:

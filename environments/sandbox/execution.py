@@ -6,18 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
-import resource
 import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from environments.sandbox.reaper import become_subreaper, reap_init
-from environments.sandbox.types import _CHUNK, _MEMORY_MARKERS, Limits, SandboxResult, SandboxStatus, _Gate, _Run
+from environments.sandbox.types import _CHUNK, _MEMORY_MARKERS, Limits, SandboxResult, SandboxStatus, _Run
 
-log = logging.getLogger(__name__)
 _TEARDOWN_S = 10.0  # after the kill, how long the pipes may take to reach EOF
 
 # ---- execution ---------------------------------------------------------------------------------
@@ -30,7 +27,6 @@ class _Spawn:
     cwd: str | None
     env: dict[str, str] | None
     user: int | None
-    gate: _Gate | None = None
 
 
 @dataclass
@@ -97,14 +93,10 @@ async def _execute(spawn: _Spawn, stdin: bytes, limits: Limits, chan: _Channels,
         out = asyncio.create_task(_drain(proc.stdout, out_sink, limits.output_bytes, over))
         err = asyncio.create_task(_drain(proc.stderr, err_sink, limits.output_bytes, over))
         try:
-            if spawn.gate is not None:
-                init = await _namespace_init(proc, chan.info_r)
-                if not _open_gate(spawn.gate, proc.pid, init):
-                    stop.set()  # the program never starts: the run is an error, not a verdict
             stopped = await _wait(proc, over, stop, limits.wall_s)
         finally:
             if proc.returncode is None:
-                init = await _stop(proc, chan.info_r if reports_init else None, init)
+                init = await _stop(proc, chan.info_r if reports_init else None)
             _kill_group(proc)  # the unsandboxed runner's stragglers
             wall = time.monotonic() - start
             await _teardown(proc, out, err, feeder)
@@ -135,12 +127,12 @@ async def _wait(proc: asyncio.subprocess.Process, over: asyncio.Event, stop: asy
     return SandboxStatus.KILLED if stopping in done else SandboxStatus.TIMEOUT
 
 
-async def _stop(proc: asyncio.subprocess.Process, info_r: int | None, init: int | None = None) -> int | None:
+async def _stop(proc: asyncio.subprocess.Process, info_r: int | None) -> int | None:
     """Kill a running child. Under bwrap, kill its pid namespace's init first: that ends every process in
     the namespace at once, whereas the init may not have armed --die-with-parent yet (a child stopped
-    right after its start) and --new-session took it out of our process group. Returns the init's pid
-    (`init` when already read from --info-fd)."""
-    if info_r is not None and init is None:
+    right after its start) and --new-session took it out of our process group. Returns the init's pid."""
+    init = None
+    if info_r is not None:
         init = await _namespace_init(proc, info_r)
         if init is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -176,35 +168,6 @@ async def _namespace_init(proc: asyncio.subprocess.Process, info_r: int, wait_s:
         data += chunk
         with contextlib.suppress(ValueError, KeyError, TypeError):
             return int(json.loads(data)["child-pid"])
-    return None
-
-
-def _open_gate(gate: _Gate, bwrap_pid: int, init: int | None) -> bool:
-    """Give the namespace init its rlimits, then let it fork the program. False (gate left shut) on failure.
-    These are the rlimits that cannot be set before bwrap starts: RLIMIT_NPROC set on bwrap itself would
-    count every host process of our uid, set on the init (inside its user namespace) only the sandbox's."""
-    if init is None:
-        log.warning("sandbox: bwrap reported no namespace init; the program is not started")
-        return False
-    if _parent(init) != bwrap_pid:  # not bwrap's child: gone, and its pid may already be someone else's
-        log.warning("sandbox: namespace init %d is not bwrap's child; the program is not started", init)
-        return False
-    try:
-        for which, value in gate.rlimits.items():
-            resource.prlimit(init, which, (value, value))
-        os.write(gate.fd, b"1")
-    except OSError as err:
-        log.warning("sandbox: cannot set the rlimits of namespace init %d (%s); the program is not started",
-                    init, err)
-        return False
-    return True
-
-
-def _parent(pid: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        for line in open(f"/proc/{pid}/status", encoding="ascii", errors="replace"):
-            if line.startswith("PPid:"):
-                return int(line.split()[1])
     return None
 
 

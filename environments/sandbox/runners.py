@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -104,37 +103,27 @@ class BubblewrapSandbox(Sandbox):
                 fds.append(fd)
                 _write_all(fd, _as_bytes(data))
                 os.lseek(fd, 0, os.SEEK_SET)
-            staged = tuple(fds)
             seccomp = filter_fd()
             fds.append(seccomp)
-            gate_r = gate_w = None
-            if self.cgroups is None:  # RLIMIT_NPROC must reach the init before the program starts
-                gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
-                fds += [gate_r, gate_w]
-            extra = (seccomp,) if gate_r is None else (seccomp, gate_r)
-            yield _Staged(cwd=None, fds=staged, names=tuple(contents), extra_fds=extra, gate_fd=gate_w)
+            yield _Staged(cwd=None, fds=tuple(fds[:-1]), names=tuple(contents), extra_fds=(seccomp,))
         finally:
             for fd in fds:
                 os.close(fd)
 
     def _argv(self, staged: _Staged, limits: Limits, ready_fd: int, info_fd: int) -> list[str]:
         size = ["--size", str(limits.tmpfs_bytes)] if self._sized_tmpfs else []
-        gate = ["--block-fd", str(staged.extra_fds[1])] if staged.gate_fd is not None else []
         data = [a for fd, name in zip(staged.fds, staged.names, strict=True)
                 for a in ("--ro-bind-data", str(fd), f"{WORKDIR}/{name}")]
         env = [a for k, v in {**_ENV, "HOME": WORKDIR, "TMPDIR": "/tmp"}.items() for a in ("--setenv", k, v)]
         # Every writable mount is a size-capped tmpfs: /tmp, the working dir and /dev/shm. --dev's own
         # tmpfs cannot be sized, so /dev goes read-only (its device nodes stay usable).
-        # The rlimits go on bwrap itself, so its pid-namespace init has them too: the init is dumpable and
-        # of the program's uid, and a program that writes /proc/1/mem runs its own code there. RLIMIT_NPROC,
-        # which only the init can take (see execution._open_gate), is set on it behind --block-fd.
-        return [self.prlimit, *_prlimit_args(limits, nproc=False), "--",
-                self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--info-fd", str(info_fd), *gate,
+        return [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--info-fd", str(info_fd),
                 "--hostname", "sandbox", "--seccomp", str(staged.extra_fds[0]),
                 "--clearenv", *env, *self._layout, "--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/dev/shm",
                 "--remount-ro", "/dev",
                 *size, "--tmpfs", "/tmp", *size, "--tmpfs", WORKDIR, *data, "--chdir", WORKDIR, "--remount-ro", "/",
-                "--", self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd), str(limits.thread_stack_bytes)]
+                "--", self.prlimit, *_prlimit_args(limits, nproc=self.cgroups is None), "--",
+                self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd), str(limits.thread_stack_bytes), "1"]
 
     def _env(self, staged: _Staged) -> dict[str, str] | None:
         # bwrap's own environment, not the program's (that is --clearenv/--setenv). It must be empty: bwrap
@@ -144,10 +133,6 @@ class BubblewrapSandbox(Sandbox):
 
     def _user(self) -> int | None:
         return self.run_as_uid
-
-    def _init_rlimits(self, limits: Limits) -> dict[int, int]:
-        # Only without a pids cgroup: that one already counts the init and everything it forks.
-        return {resource.RLIMIT_NPROC: limits.max_procs} if self.cgroups is None else {}
 
 
 class UnsandboxedRunner(Sandbox):
@@ -169,7 +154,7 @@ class UnsandboxedRunner(Sandbox):
     def _argv(self, staged: _Staged, limits: Limits, ready_fd: int, info_fd: int) -> list[str]:
         # No RLIMIT_NPROC here: outside a user namespace it counts every process of this user.
         rl = [self.prlimit, *_prlimit_args(limits, nproc=False), "--"] if self.prlimit else []
-        return [*rl, self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd), str(limits.thread_stack_bytes)]
+        return [*rl, self.python, "-I", "-B", "-c", _BOOTSTRAP, str(ready_fd), str(limits.thread_stack_bytes), "0"]
 
     def _env(self, staged: _Staged) -> dict[str, str] | None:
         return {**_ENV, "HOME": staged.cwd or "/", "TMPDIR": staged.cwd or "/tmp"}

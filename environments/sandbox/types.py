@@ -21,12 +21,23 @@ _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 
-# Runs first inside the sandbox: reports "the interpreter started" on a pipe (so a sandbox that failed
-# to set up is told apart from a program that failed), drops every inherited fd, sets the stack of new
+# Runs first inside the sandbox. Under bwrap (argv[3] == "1") it first gives pid 1, bwrap's namespace
+# init, its own rlimits: that init is of the same uid and dumpable, so a program can write /proc/1/mem and
+# run its code there, and bwrap starts it before any rlimit is set. Only lowering, never raising: a hard
+# limit cannot be raised again without CAP_SYS_RESOURCE, which no one in the sandbox has. Then it reports
+# "the interpreter started" on a pipe (so a sandbox that failed to set up, or whose init cannot be
+# limited, is told apart from a program that failed), drops every inherited fd, sets the stack of new
 # threads (glibc would give each one RLIMIT_STACK, which code_gen raises for deep recursion, and only a
 # few such threads fit under the address-space limit), then runs main.py.
 _BOOTSTRAP = (
     "import _thread, os, runpy, sys\n"
+    "if sys.argv[3] == '1':\n"
+    "    import resource\n"
+    "    if os.getppid() != 1:\n"
+    "        sys.exit('sandbox: this program is not the child of its namespace init')\n"
+    "    for name in ('CPU', 'AS', 'FSIZE', 'NOFILE', 'CORE', 'NPROC', 'STACK'):\n"
+    "        which = getattr(resource, 'RLIMIT_' + name)\n"
+    "        resource.prlimit(1, which, resource.getrlimit(which))\n"
     "os.write(int(sys.argv[1]), b'1')\n"
     "os.closerange(3, 65536)\n"
     "_thread.stack_size(int(sys.argv[2]))\n"
@@ -110,13 +121,4 @@ class _Staged:
     cwd: str | None
     fds: tuple[int, ...]
     names: tuple[str, ...]
-    extra_fds: tuple[int, ...] = ()  # passed to the child too (the seccomp filter, the gate's read end)
-    gate_fd: int | None = None  # write end of bwrap's --block-fd: the program starts once we write to it
-
-
-@dataclass(frozen=True)
-class _Gate:
-    """Held shut until the namespace init has `rlimits` ({RLIMIT_*: value}); the program forks from it after."""
-
-    fd: int
-    rlimits: dict[int, int]
+    extra_fds: tuple[int, ...] = ()  # passed to the child too (the seccomp filter)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, NoReturn
+
+import re2
 
 from gymflow.kernel.errors import ToolError
 
@@ -20,16 +22,40 @@ def fail(message: str) -> NoReturn:
     raise ToolError(message)
 
 
+def _options() -> re2.Options:
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False  # a bad pattern is the model's: it gets the error, stderr gets nothing
+    options.max_mem = 8 << 20  # RE2's default, stated: a pattern whose program needs more is refused
+    return options
+
+
+_OPTIONS = _options()
+
+
+@lru_cache(maxsize=256)
+def _compiled(pattern: str) -> Any:
+    try:
+        return re2.compile(pattern, _OPTIONS)
+    except re2.error as e:
+        detail = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ToolError(f"invalid search pattern {pattern[:200]!r}: {detail}") from None
+
+
 def contains(pattern: Any, value: Any, *, na: bool | None = None) -> bool:
     """`Series.str.contains(pattern, case=False)`: a case-insensitive regex search.
 
-    A non-string cell is NaN to pandas: `na` says what it becomes; without it pandas refuses the mask.
+    The pattern is the model's, so RE2 matches it (linear time: `(.*)*(.*)*Q` cannot backtrack for hours as
+    Python's `re` did). RE2 accepts Python's syntax but for backreferences and lookaround; such a pattern is a
+    ToolError. A non-string cell is NaN to pandas: `na` says what it becomes; without it pandas refuses the mask.
     """
     if not isinstance(value, str):
         if na is None:
             raise ValueError(NA_MASK)
         return na
-    return re.search(pattern, value, re.IGNORECASE) is not None
+    if not isinstance(pattern, str):
+        raise TypeError("first argument must be string or compiled pattern")  # what `re` says, as NeMo Gym shows it
+    return _compiled(pattern).search(value) is not None
 
 
 def text_at_least(value: Any, bound: Any) -> bool:

@@ -6,6 +6,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
@@ -104,8 +105,12 @@ def collect(dataset: str, env_name: str | None, model: str, n: int, run_id: str 
     settings = settings_or_exit(config_path)
     sampling = None
     if temperature is not None or max_tokens is not None:
-        sampling = settings.rollout.sampling.model_copy(update={"temperature": temperature,
-                                                                "max_tokens": max_tokens})
+        given = {k: v for k, v in (("temperature", temperature), ("max_tokens", max_tokens)) if v is not None}
+        try:  # validated as the config's own values are (a model_copy would skip the bounds)
+            sampling = type(settings.rollout.sampling).model_validate({**settings.rollout.sampling.model_dump(),
+                                                                       **given})
+        except ValidationError as e:
+            raise click.BadParameter(e.errors()[0]["msg"], param_hint="--temperature/--max-tokens") from None
     rid = run_id or default_run_id(dataset, env_name, model, n)
     tally = run(collect_dataset(settings, dataset, env=env_name, model=model, n=n, run_id=rid, sampling=sampling,
                                 max_turns=max_turns, retry_failed=retry_failed, max_in_flight=max_in_flight))

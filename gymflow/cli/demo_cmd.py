@@ -75,9 +75,9 @@ def local_policy(base_url: str, name: str) -> dict[str, Any]:
             "request_timeout_s": 600, "concurrency": 128}
 
 
-def start_local_model(args: Sequence[str] = ()) -> Any:
-    """The local model server as a child process (a `LocalModelProcess`), or a ClickException naming the
-    pip commands that install what is missing."""
+def start_local_model(args: Sequence[str] = (), state_dir: str | Path = ".gymflow") -> Any:
+    """The local model server as a child process (a `LocalModelProcess`; its control token in a 0600 file in
+    `state_dir`), or a ClickException naming the pip commands that install what is missing."""
     from gymflow.localmodel import ModelNotFound, default_gguf, start_subprocess
     from gymflow.localmodel.resolve import check_runtime
 
@@ -87,8 +87,8 @@ def start_local_model(args: Sequence[str] = ()) -> Any:
     except ModelNotFound as e:
         raise click.ClickException(NO_LOCAL_MODEL.format(why=e, install="\n  ".join(LOCAL_INSTALL))) from None
     try:
-        return start_subprocess(list(args), timeout_s=LOCAL_START_S)
-    except RuntimeError as e:
+        return start_subprocess(list(args), timeout_s=LOCAL_START_S, state_dir=state_dir)
+    except (RuntimeError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
 
 
@@ -118,7 +118,7 @@ def demo(config_path: str | None, scripted: bool, dataset: str, env_name: str, n
 
             click.echo("no model configured: starting the local model (SmolLM2-135M-Instruct on CPU; ~20 s to "
                        "load)")
-            server = start_local_model()
+            server = start_local_model(state_dir=settings.state_dir)
             click.echo(f"local model: {server.base_url}")
             config_path = str(Path(settings.state_dir) / "demo-config.yaml")
             settings = with_policy(settings, local_policy(server.base_url, DEFAULT_NAME), Path(config_path),

@@ -20,7 +20,8 @@ from workers.local_stack import LocalStack
 @config_option
 @click.option("--metrics", "metrics_bind", default=None, envvar="GYMFLOW_METRICS_BIND", metavar="HOST:PORT",
               help="Serve Prometheus metrics (rollouts, rewards, generation latency, tool calls; the SDK's task slots, "
-                   "schedule-to-start latency, pollers) at HOST:PORT/metrics. See docs/metrics.md.")
+                   "schedule-to-start latency, pollers) at HOST:PORT/metrics, unauthenticated: `:PORT` is "
+                   "127.0.0.1 only; name 0.0.0.0 to serve every interface. See docs/metrics.md.")
 @click.option("--models", "models", default=None, envvar="GYMFLOW_MODELS", metavar="A,B",
               help="Generate pool: serve only these models (names under `models:`), polling only their task "
                    "queues. Default: every configured model.")

@@ -19,6 +19,7 @@ from typing import Any
 
 from gymflow.codec.messages import MessageLookup
 from gymflow.codec.payloads import BadRequest, Fetch, decode, validate
+from gymflow.http_service import listen_host
 
 log = logging.getLogger(__name__)
 # What the UI sends: its namespace, and with "pass access token" its bearer token (and the id token as extras).
@@ -47,7 +48,7 @@ class CodecServer(ThreadingHTTPServer):
                  limits: Limits = Limits()) -> None:
         self.fetch, self.origins, self.limits = fetch, tuple(origins), limits
         self.in_flight = threading.BoundedSemaphore(limits.max_in_flight)
-        super().__init__(address, _Handler)
+        super().__init__((listen_host(address[0]), address[1]), _Handler)  # "" is loopback, not every interface
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hung up or timed out mid-request: one debug line, not socketserver's traceback.

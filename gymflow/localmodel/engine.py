@@ -57,12 +57,13 @@ def _drop_gguf_marker(model: PreTrainedModel) -> None:
         pass
 
 
-def check_weights_dir(path: str) -> Path:
-    p = Path(path)
+def check_weights_dir(path: str | Path, shown: str | None = None) -> Path:
+    """`path` when it holds a save_pretrained checkpoint; errors name it as `shown` (what the caller sent)."""
+    p, shown = Path(path), shown if shown is not None else str(path)
     if not p.is_dir():
-        raise BadRequest(f"`path` {path!r} is not a directory")
+        raise BadRequest(f"`path` {shown!r} is not a directory")
     if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
-        raise BadRequest(f"`path` {path!r} must hold config.json and *.safetensors (a model.save_pretrained "
+        raise BadRequest(f"`path` {shown!r} must hold config.json and *.safetensors (a model.save_pretrained "
                          "directory)")
     return p
 

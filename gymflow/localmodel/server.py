@@ -2,7 +2,8 @@
 
 http.server threads parse and validate requests; one worker thread runs the model, so requests are served one
 at a time in arrival order and a weight swap lands between two requests, never inside one. (Batching would not
-pay on 2 CPU cores for a 135M model: see docs/local-model.md.) No request content is ever logged.
+pay on 2 CPU cores for a 135M model: see docs/local-model.md.) No request content is ever logged. The control
+endpoint (`/v1/load_weights`) needs the control token and loads only from under the weights root (control.py).
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from gymflow.http_service import ThreadedHTTPService
+from gymflow.http_service import ThreadedHTTPService, listen_host
+from gymflow.localmodel.control import WeightsRoot, authorized
 from gymflow.localmodel.engine import Engine, Generation, check_weights_dir, finite, load_model
 from gymflow.localmodel.request import BadRequest, ChatRequest, parse_request
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 << 20
 MAX_VERSION_CHARS = 200
+CONTROL_PATHS = frozenset({"/v1/load_weights"})  # need the control token
 
 
 class _Worker:
@@ -126,13 +130,21 @@ def completion_body(engine_name: str, version: str, req: ChatRequest, gen: Gener
 
 
 class LocalModelServer(ThreadedHTTPService):
+    """`control_token` guards load_weights (a fresh random one when None: read it from `.control_token`);
+    `weights_root` is where weights may be loaded from (None: load_weights is refused)."""
+
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, queue_size: int = 256,
-                 request_timeout_s: float = 600.0, max_batch: int = 8) -> None:
+                 request_timeout_s: float = 600.0, max_batch: int = 8, control_token: str | None = None,
+                 weights_root: str | Path | None = None) -> None:
         self.engine = engine
         self.request_timeout_s = request_timeout_s
+        if control_token is not None and len(control_token) < 32:
+            raise ValueError("the control token must be at least 32 characters")
+        self.control_token = control_token or secrets.token_urlsafe(32)
+        self.weights_root = WeightsRoot(weights_root) if weights_root is not None else None
         self._worker = _Worker(queue_size, max_batch, self._run_batch)
         self._load_lock = threading.Lock()
-        server = ThreadingHTTPServer((host, port), self._handler())
+        server = ThreadingHTTPServer((listen_host(host), port), self._handler())
         server.daemon_threads = True
         self._serve(server, "localmodel-http")
 
@@ -175,12 +187,14 @@ class LocalModelServer(ThreadedHTTPService):
     def load_weights(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
+        if self.weights_root is None:
+            raise BadRequest("loading weights is disabled: start the server with --weights-root DIR", status=403)
         path, version = body.get("path"), body.get("version")
         if not isinstance(path, str) or not path:
             raise BadRequest("`path` must be a directory path (a model.save_pretrained directory)")
         if not isinstance(version, str) or not version.strip() or len(version) > MAX_VERSION_CHARS:
             raise BadRequest(f"`version` must be a non-empty string of at most {MAX_VERSION_CHARS} characters")
-        directory = check_weights_dir(path)
+        directory = check_weights_dir(self.weights_root.directory(path), shown=path)
         with self._load_lock:  # one load at a time; generation goes on while the new weights load
             started = time.monotonic()
             try:
@@ -246,6 +260,11 @@ class _Handler(BaseHTTPRequestHandler):
         route = routes.get(self.path)
         if route is None:
             self._error(404, f"no such endpoint: POST {self.path[:100]}")
+            return
+        if self.path in CONTROL_PATHS and not authorized(self.headers.get("Authorization"), self.outer.control_token):
+            self.close_connection = True  # the body is never read
+            self._error(401, "load_weights needs `Authorization: Bearer <control token>` (the server's token file)",
+                        "unauthorized")
             return
         try:
             self._send(200, route(self._body()))
