@@ -31,7 +31,7 @@ async def setup_episode(env: Environment, task: Task, processes: EnvProcesses | 
     """(initial messages, initial state, tool schemas) of a new episode."""
     options = options or {}
     if processes is not None and processes.isolates(env, task, options, "setup"):
-        return await processes.setup(env, task, Limits.from_options(options))
+        return await processes.setup(task, Limits.from_options(options))
     data = env.parse_task(task)
     return list(env.initial_messages(task, data)), env.setup(task, data), tuple(env.tools(task, data))
 
@@ -44,7 +44,7 @@ async def run_tool_call(env: Environment, task: Task, data: TaskData | None, sta
     options = options or {}
     # Heartbeat while the tool runs: a killed env worker is noticed at the heartbeat timeout.
     if processes is not None and processes.isolates(env, task, options, "tool"):
-        res = await heartbeating(processes.tool(env, task, state, call, Limits.from_options(options)))
+        res = await heartbeating(processes.tool(task, state, call, Limits.from_options(options)))
     else:
         res = await heartbeating(tool_result(env, task, data if data is not None else env.parse_task(task), state,
                                              call))
@@ -62,11 +62,11 @@ async def verify_episode(env: Environment, data: TaskData | None, messages: Sequ
         limits = Limits.from_options(ctx.options)
         if processes.isolates(env, task, ctx.options, "verify"):
             # code_gen-like verifiers run for tens of seconds: heartbeat throughout.
-            return await heartbeating(processes.verify(env, task, messages, state, ctx.policy_model, ctx.options,
+            return await heartbeating(processes.verify(task, messages, state, ctx.policy_model, ctx.options,
                                                        limits))
 
         async def isolated(fn: Any, *args: Any) -> Any:
-            return await processes.run(fn, args, limits)
+            return await processes.run(fn, args, limits, task)
 
         ctx.run_isolated = isolated
     if data is None:

@@ -8,11 +8,13 @@ Each takes one call at a time over its own socketpair: an 8-byte length and a pi
 starting one, or loading the environment into it does not count); at its limit the process is SIGKILLed, the call
 ends typed, and a new process replaces it. The memory cap is RLIMIT_AS, set in the child per call.
 
-Why this and not pebble (measured, bench/env_processes.py, 2-core box, 10k trivial single_tool calls): this pipe
-protocol costs ~0.1 ms of parent CPU and ~0.15 ms round trip per call; pebble.ProcessPool costs ~0.5 ms of parent
-CPU per call (its three helper threads contend for the GIL with the Temporal loop) and ~0.4 ms of latency, and
-kills its worker on timeout just the same. The protocol is ~300 lines we own; pebble would also hide where the
-clock starts. A call's outcome:
+Why this and not pebble (measured with bench/env_processes.py on a 2-core box, 10k trivial single_tool calls
+per variant, two runs): this protocol costs 0.06-0.08 ms of the worker's CPU and 0.07-0.09 ms of the process's per
+call, 0.13-0.14 ms p50 / 0.18-0.25 ms p95 round trip; pebble.ProcessPool costs 0.18-0.22 ms of the worker's CPU per
+call (its helper threads hand each call over, contending for the GIL with the Temporal loop), 0.45 ms p50 /
+0.56-0.60 ms p95. Both kill a worker on timeout; pebble's clock starts when its worker acknowledges the task, which
+suits, but it costs the worker 2-3x per call and a tool call is the hottest environment step. So: a small protocol
+of our own. A call's outcome:
 
 - tool: over its time or memory limit, or its process died: a tool error for the model, state unchanged;
 - verify: masked as `verifier_timeout` or `verifier_crashed`;
@@ -29,7 +31,6 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import signal
 import socket
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -130,7 +131,7 @@ class _Proc:
         self.loaded: set[str] = set()
         self.tasks: OrderedDict[str, None] = OrderedDict()  # keys this process holds (a mirror of its LRU)
         self.expired = False
-        self.limit = ""  # what the running call overran, for its message
+        self.reaped = False
 
     def start(self) -> None:
         try:
@@ -140,26 +141,35 @@ class _Proc:
         self.sock.setblocking(False)
 
     def kill(self) -> None:
-        pid = self.process.pid
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            # Only while it has not been reported dead: its pid may be reused once it has.
+            if self.process.pid is not None and self.process.exitcode is None:
+                self.process.kill()
+        except ValueError:  # already reaped and closed
+            pass
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # a pending read returns now, even if something else holds the peer
         except OSError:
             pass
 
-    def reap(self) -> None:
-        """Collect the dead process (blocking, bounded: run off the loop)."""
-        self.kill()
-        self.process.join(5)
-        self.sock.close()
+    def alive(self) -> bool:
         try:
+            return not self.reaped and self.process.is_alive()
+        except ValueError:  # closed meanwhile
+            return False
+
+    def reap(self) -> None:
+        """Collect the dead process (blocking, bounded: run off the loop). Idempotent."""
+        if self.reaped:
+            return
+        self.reaped = True
+        self.kill()
+        try:
+            self.process.join(5)
             self.process.close()
-        except ValueError:
+        except (ValueError, AssertionError):  # never started (join asserts), or closed already
             pass
+        self.sock.close()
 
 
 async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes | None:
@@ -249,7 +259,7 @@ class EnvProcesses:
                 proc.kill()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
-        while any(p.process.is_alive() for p in procs) and loop.time() < deadline:
+        while any(p.alive() for p in procs) and loop.time() < deadline:
             await asyncio.sleep(0.02)
         for proc in procs:
             proc.kill()
@@ -315,6 +325,10 @@ class EnvProcesses:
             return
         self._starting.discard(proc)
         self._failed_starts = 0
+        if self._closed:  # became ready as the pool closed: nothing will use it
+            self._procs.discard(proc)
+            await asyncio.to_thread(proc.reap)
+            return
         self._release(proc)
 
     def _broken(self) -> bool:
@@ -408,39 +422,16 @@ class EnvProcesses:
         proc.expired = True
         proc.kill()
 
-    async def _call(self, op: str, env: Environment | None, task: Task | None, rest: tuple[Any, ...],
-                    timeout_s: float, memory_mb: int, what: str) -> Any:
+    async def _call(self, op: str, task: Task | None, rest: tuple[Any, ...], timeout_s: float, memory_mb: int,
+                    what: str) -> Any:
+        """One request on a free process. With `task`, its environment is loaded there first (untimed by the
+        call's limit), and for every op but "call" the task travels with it (by key once the process holds it)."""
         proc = await self._acquire()
         healthy = False
         try:
-            head: tuple[Any, ...] = ()
-            if env is not None and task is not None:
-                name, value = task.env, entry_point_value(task.env)
-                if name not in proc.loaded:
-                    try:
-                        reply = await self._exchange(proc, ("load", memory_mb, name, value), LOAD_TIMEOUT_S, what)
-                    except CallFailed as e:
-                        raise GymflowError(f"loading environment {name!r} into a supervised process "
-                                           f"{e.detail}", failure_type=ENVIRONMENT_ERROR) from None
-                    if reply[0] == "raised":
-                        healthy = True
-                        _raise_remote(reply)
-                    proc.loaded.add(name)
-                key, raw = self._task_key(task)
-                head = (name, value, key)
-                request = (op, memory_mb, *head, None if key in proc.tasks else raw, *rest)
-            else:
-                request = (op, memory_mb, *rest)
-            start = asyncio.get_running_loop().time()
-            reply = await self._exchange(proc, request, timeout_s, what)
-            if reply[0] == "need_task":
-                left = timeout_s - (asyncio.get_running_loop().time() - start)
-                reply = await self._exchange(proc, (op, memory_mb, *head, raw, *rest), max(left, 0.001), what)
-            if head:
-                proc.tasks[head[2]] = None
-                proc.tasks.move_to_end(head[2])
-                if len(proc.tasks) > _TASKS_KEPT:
-                    proc.tasks.popitem(last=False)
+            reply = await self._load(proc, task, memory_mb) if task is not None else None
+            if reply is None:
+                reply = await self._request(proc, op, task, rest, timeout_s, memory_mb, what)
             healthy = True
         finally:
             if healthy:
@@ -451,40 +442,78 @@ class EnvProcesses:
             _raise_remote(reply)
         return reply[1]
 
+    async def _load(self, proc: _Proc, task: Task, memory_mb: int) -> tuple[Any, ...] | None:
+        """Import the task's environment and run its warm_up in `proc`, under LOAD_TIMEOUT_S, not the call's
+        limit. None when loaded; the ("raised", ...) reply when the environment raised."""
+        name = task.env
+        if name in proc.loaded:
+            return None
+        try:
+            reply = await self._exchange(proc, ("load", memory_mb, name, entry_point_value(name)), LOAD_TIMEOUT_S,
+                                         "load")
+        except CallFailed as e:
+            raise GymflowError(f"loading environment {name!r} into a supervised process {e.detail}",
+                               failure_type=ENVIRONMENT_ERROR) from None
+        if reply[0] == "raised":
+            return reply
+        proc.loaded.add(name)
+        return None
+
+    async def _request(self, proc: _Proc, op: str, task: Task | None, rest: tuple[Any, ...], timeout_s: float,
+                       memory_mb: int, what: str) -> tuple[Any, ...]:
+        if task is None or op == "call":
+            return await self._exchange(proc, (op, memory_mb, *rest), timeout_s, what)
+        key, raw = self._task_key(task)
+        head = (task.env, entry_point_value(task.env), key)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        reply = await self._exchange(proc, (op, memory_mb, *head, None if key in proc.tasks else raw, *rest),
+                                     timeout_s, what)
+        if reply[0] == "need_task":  # the process no longer holds the task: once more, with it
+            left = timeout_s - (loop.time() - start)
+            reply = await self._exchange(proc, (op, memory_mb, *head, raw, *rest), max(left, 0.001), what)
+        proc.tasks[key] = None
+        proc.tasks.move_to_end(key)
+        if len(proc.tasks) > _TASKS_KEPT:
+            proc.tasks.popitem(last=False)
+        return reply
+
     # ---- the calls, typed -----------------------------------------------------------------------------
 
     @staticmethod
     def isolates(env: Environment, task: Task, options: JSON, step: Step) -> bool:
         return not env.runs_in_loop(task, options, step)
 
-    async def setup(self, env: Environment, task: Task, limits: Limits
+    async def setup(self, task: Task, limits: Limits
                     ) -> tuple[list[ChatMessage], JSON, tuple[ToolSpec, ...]]:
         """(initial messages, initial state, tool schemas)."""
         try:
-            return await self._call("setup", env, task, (), limits.setup_s, limits.memory_mb, "setup")
+            return await self._call("setup", task, (), limits.setup_s, limits.memory_mb, "setup")
         except CallFailed as e:
             raise GymflowError(e.describe(f"{task.env} setup"), failure_type=ENVIRONMENT_ERROR) from None
 
-    async def tool(self, env: Environment, task: Task, state: JSON, call: ToolCall, limits: Limits) -> ToolResult:
+    async def tool(self, task: Task, state: JSON, call: ToolCall, limits: Limits) -> ToolResult:
         try:
-            return await self._call("tool", env, task, (state, call), limits.tool_s, limits.memory_mb, "tool call")
+            return await self._call("tool", task, (state, call), limits.tool_s, limits.memory_mb, "tool call")
         except CallFailed as e:
             return tool_error(call, state, e.describe("tool call"))
 
-    async def verify(self, env: Environment, task: Task, messages: Sequence[ChatMessage], state: JSON,
+    async def verify(self, task: Task, messages: Sequence[ChatMessage], state: JSON,
                      policy_model: str, options: JSON, limits: Limits) -> Score:
         try:
-            return await self._call("verify", env, task, (list(messages), state, policy_model, options),
+            return await self._call("verify", task, (list(messages), state, policy_model, options),
                                     limits.verify_s, limits.memory_mb, "verify")
         except CallFailed as e:
             kind = VERIFIER_TIMEOUT if e.kind == "timeout" else VERIFIER_CRASHED
             return Score(reward=None, masked=True, failure_type=kind, details={"error": e.describe("verify")})
 
-    async def run(self, fn: Callable[..., Any], args: tuple[Any, ...], limits: Limits) -> Any:
-        """`fn(*args)` (a module-level function) under the verify limits: `VerifyContext.run_isolated`."""
+    async def run(self, fn: Callable[..., Any], args: tuple[Any, ...], limits: Limits, task: Task | None = None
+                  ) -> Any:
+        """`fn(*args)` (a module-level function) under the verify limits: `VerifyContext.run_isolated`. With `task`,
+        its environment is loaded (and warmed up: math-verify imported) before the call's clock starts."""
         what = getattr(fn, "__qualname__", "check")
         try:
-            return await self._call("call", None, None, (fn, args), limits.verify_s, limits.memory_mb, what)
+            return await self._call("call", task, (fn, args), limits.verify_s, limits.memory_mb, what)
         except CallFailed as e:
             raise VerifierError(e.describe(what), failure_type=VERIFIER_TIMEOUT if e.kind == "timeout"
                                 else VERIFIER_CRASHED) from None

@@ -3,15 +3,20 @@
 The task's `kind` picks the one tool offered (the mock model calls the first offered tool, so the episode calls
 it): `spin` (a pure-Python busy loop), `allocate` (`alloc_gb` GB, every page written), `print` (prints without
 end), or `echo` (a normal tool) with `hang_verify` true (a verifier that blocks in `time.sleep`). Each holds for
-at most `hold_s` (default 120 s) and `print` stops at `print_cap_mb`: the bench ends even where nothing stops
-them, and a hostile rollout that outlives the normal ones still shows in their latency.
+at most `hold_s` (default 120 s), so the bench ends even where nothing stops them; `print` stops at
+`print_cap_mb` (64 GB), or at 2 GB where its stdout is not /dev/null (a disk safety valve for an unisolated run).
 
-`install()` registers it in this process as an entry point would (tests/faulty_env.py does the same); the bench
+`single_tool_direct` is single_tool with its steps in the worker's event loop (`in_loop_reason`), as every
+in-process environment ran before the supervised processes: the baseline of what isolation costs
+(bench/nemo_gym_side_by_side.py --direct).
+
+`install()` registers both in this process as an entry point would (tests/faulty_env.py does the same); the bench
 runs it in each pool process before `gymflow worker` starts (`bench.stack.start_stack(install=...)`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,11 +24,15 @@ from importlib.metadata import EntryPoint
 
 from environments import registry
 from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
+from environments.single_tool import SingleToolEnvironment
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 
 NAME = "hostile_bench_env"
 ENTRY_POINT = EntryPoint(name=NAME, value="bench.hostile_env:HostileEnvironment", group="gymflow.environments")
+DIRECT = "single_tool_direct"
+DIRECT_ENTRY_POINT = EntryPoint(name=DIRECT, value="bench.hostile_env:DirectSingleTool", group="gymflow.environments")
 KINDS = ("spin", "allocate", "print", "echo")
+UNDISCARDED_CAP_MB = 2048  # what `print` writes at most where its output lands in a file (a worker's log)
 _TEXT = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
 
@@ -32,7 +41,7 @@ class HostileTask(TaskData):
     hang_verify: bool = False
     hold_s: float = 120.0
     alloc_gb: int = 3
-    print_cap_mb: int = 4096
+    print_cap_mb: int = 64 << 10  # /dev/null takes ~3 GB/s: more than a 10 s limit's worth
 
 
 class HostileEnvironment(Environment[HostileTask]):
@@ -55,8 +64,10 @@ class HostileEnvironment(Environment[HostileTask]):
             blocks = [b"x" * (1 << 30) for _ in range(data.alloc_gb)]  # written, so resident
             return ToolOutput(content=f"held {sum(map(len, blocks)) >> 30} GB", state=state)
         if name == "print":
-            line, written = "y" * 4095, 0
-            while time.monotonic() < end and written < data.print_cap_mb << 20:
+            line, written, cap = "y" * 4095, 0, data.print_cap_mb << 20
+            if not _discarded(sys.stdout):  # a disk safety valve where nothing sends it to /dev/null
+                cap = min(cap, UNDISCARDED_CAP_MB << 20)
+            while time.monotonic() < end and written < cap:
                 print(line, flush=False)
                 written += 4096
             sys.stdout.flush()
@@ -70,11 +81,24 @@ class HostileEnvironment(Environment[HostileTask]):
         return Score(reward=1.0 if called_tools(messages) else 0.0)
 
 
+def _discarded(stream: object) -> bool:
+    try:
+        return os.path.samefile(f"/proc/self/fd/{stream.fileno()}", os.devnull)  # type: ignore[attr-defined]
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+class DirectSingleTool(SingleToolEnvironment):
+    name = DIRECT
+    in_loop_reason = "bench only: the baseline of what isolation costs, steps in the worker's event loop"
+
+
 def install() -> str:
-    """Register the environment in this process for good, as an installed entry point would (the client lists
-    the installed environments before a collection; the workers look it up per task)."""
+    """Register both environments in this process for good, as installed entry points would (the client lists
+    the installed environments before a collection; the workers look them up per task)."""
     real = registry._entry_points
     if NAME not in real():
-        registry._entry_points = lambda: {**real(), NAME: ENTRY_POINT}
+        registry._entry_points = lambda: {**real(), NAME: ENTRY_POINT, DIRECT: DIRECT_ENTRY_POINT}
     registry.get_environment(NAME)
+    registry.get_environment(DIRECT)
     return NAME

@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import runs
+from bench import hostile_env, runs
 from bench.stack import DEFAULT_PLACEMENT, start_stack
 from bench.workloads import SHARED, dumps
 from workers.local_stack import free_port, wait_for_port
@@ -58,14 +58,19 @@ START_TIMEOUT_S = 240
 # ---- gymflow --------------------------------------------------------------------------------------------------
 
 
-async def gymflow_run(n: int, in_flight: int, generate: str, workflow_procs: int) -> dict[str, Any]:
+async def gymflow_run(n: int, in_flight: int, generate: str, workflow_procs: int, direct: bool = False
+                      ) -> dict[str, Any]:
+    """`direct`: the rows in bench/hostile_env.py's single_tool_direct (steps in the worker's loop, no supervised
+    process): the baseline of what isolation costs. The pools register it either way, so both stacks match."""
+    hostile_env.install()
     bench = await start_stack(slow_latency_s=1.0, concurrency=in_flight + 8, generate=generate,
-                              workflow_procs=workflow_procs)
+                              workflow_procs=workflow_procs, install="bench.hostile_env:install")
     try:
-        got = await runs.workload(bench, "single_tool", n=n, in_flight=in_flight)
+        got = await runs.workload(bench, "single_tool", n=n, in_flight=in_flight,
+                                  env=hostile_env.DIRECT if direct else None)
     finally:
         await bench.close()
-    return got | {"system": "gymflow", "workflow_procs": workflow_procs}
+    return got | {"system": "gymflow", "workflow_procs": workflow_procs, "direct": direct}
 
 
 # ---- NeMo Gym -------------------------------------------------------------------------------------------------
@@ -275,7 +280,8 @@ def table(results: list[dict[str, Any]]) -> str:
                           if v >= 0.05 and not k.startswith("mock"))
         if r["system"] == "gymflow":
             name = f"gymflow (`placement: {r['generate']}`, {r['workflow_procs']} workflow-pool process" \
-                   f"{'es' if r['workflow_procs'] > 1 else ''})"
+                   f"{'es' if r['workflow_procs'] > 1 else ''}" \
+                   f"{'; steps in the loop, no isolation: `single_tool_direct`' if r.get('direct') else ''})"
             lat = f"{_f(r['p50_latency_s'], 2)} / {_f(r['p95_latency_s'], 2)}"
             st = ", ".join(f"{k} {v}" for k, v in r["statuses"].items())
             tr = _f(r["transitions_per_rollout"])
@@ -284,7 +290,7 @@ def table(results: list[dict[str, Any]]) -> str:
             st = f"{r['rows']} rows, mean reward {_f(r['mean_reward'], 2)}"
         lines.append(f"| {r['pair']} | {name} | {_f(r['rollouts_per_s'])} | {_f(r['cpu_s_per_1000_total'])} | {tr} "
                      f"| {lat} | {st} | {procs} |")
-    g = [r for r in results if r["system"] == "gymflow"]
+    g = [r for r in results if r["system"] == "gymflow" and not r.get("direct")]
     ng = [r for r in results if r["system"] != "gymflow"]
     if g and ng:
         rate = min(r["rollouts_per_s"] for r in g) / max(r["rollouts_per_s"] for r in ng), \
@@ -293,6 +299,13 @@ def table(results: list[dict[str, Any]]) -> str:
             max(r["cpu_s_per_1000_total"] for r in g) / min(r["cpu_s_per_1000_total"] for r in ng)
         lines += ["", f"gymflow / NeMo Gym: rate {rate[0]:.2f}-{rate[1]:.2f}x (target >= 0.8x), CPU per rollout "
                       f"{cpu[0]:.2f}-{cpu[1]:.2f}x (target <= 1.2x); ranges over every gymflow/NeMo Gym run pairing."]
+    d = [r for r in results if r.get("direct")]
+    if g and d:
+        lines += [f"Isolation (supervised environment processes) vs steps in the loop: rate "
+                  f"{sum(r['rollouts_per_s'] for r in g) / len(g):.1f} vs "
+                  f"{sum(r['rollouts_per_s'] for r in d) / len(d):.1f}/s, CPU-s per 1000 "
+                  f"{sum(r['cpu_s_per_1000_total'] for r in g) / len(g):.1f} vs "
+                  f"{sum(r['cpu_s_per_1000_total'] for r in d) / len(d):.1f} (means over the runs)."]
     return "\n".join(lines) + "\n"
 
 
@@ -306,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workflow-procs", type=int, default=1)
     ap.add_argument("--nemo-python", default=NEMO_PYTHON)
     ap.add_argument("--only", choices=("gymflow", "nemo"), help="one side only")
+    ap.add_argument("--with-direct", action="store_true",
+                    help="each pair also runs gymflow with the steps in the worker's loop (what isolation costs)")
     ap.add_argument("--json", type=Path, help="results file (default bench/results/<time>-side-by-side.json)")
     args = ap.parse_args(argv)
     if not Path(args.nemo_python).exists() and args.only != "gymflow":
@@ -323,6 +338,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"pair {pair}: gymflow, {args.n} rollouts, {args.in_flight} in flight", file=sys.stderr, flush=True)
             results.append(asyncio.run(gymflow_run(args.n, args.in_flight, args.generate, args.workflow_procs))
                            | {"pair": pair})
+            if args.with_direct:
+                print(f"pair {pair}: gymflow, steps in the loop", file=sys.stderr, flush=True)
+                results.append(asyncio.run(gymflow_run(args.n, args.in_flight, args.generate, args.workflow_procs,
+                                                       direct=True)) | {"pair": pair})
         if args.only != "gymflow":
             print(f"pair {pair}: NeMo Gym, {args.n} rollouts, {args.in_flight} in flight", file=sys.stderr,
                   flush=True)

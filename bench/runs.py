@@ -44,20 +44,23 @@ async def _client(bench: BenchStack) -> GymflowClient:
     return GymflowClient(bench.client.temporal, bench.settings, bench.database_url)
 
 
-async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int) -> dict[str, Any]:
+async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, env: str | None = None
+                   ) -> dict[str, Any]:
     """Rate, CPU per process, latency, transitions, history bytes and peak memory for `n` rollouts, after an
     unmeasured warm-up (WARMUP rollouts of the workload): one-off costs such as spawning the math checker
-    processes or opening connection pools are paid once per worker process, not per rollout."""
+    processes or opening connection pools are paid once per worker process, not per rollout. `env`: run the
+    workload's rows in this environment instead (bench/hostile_env.py's single_tool_direct)."""
     client = await _client(bench)
     run_id = _tag(name)
     try:
         warm = _tag(f"{name}-warmup")
-        await collect(bench, client, tasks_for(name, WARMUP, warm), run_id=warm, model=FAST, in_flight=WARMUP)
+        await collect(bench, client, tasks_for(name, WARMUP, warm, env), run_id=warm, model=FAST,
+                      in_flight=WARMUP)
         bench.sampler.reset_peaks()
-        got = await collect(bench, client, tasks_for(name, n, run_id), run_id=run_id, model=FAST,
+        got = await collect(bench, client, tasks_for(name, n, run_id, env), run_id=run_id, model=FAST,
                             in_flight=in_flight, on_done=_progress(name, n))
         peak = {k: v / 2**20 for k, v in bench.sampler.peak.items()}
-        out = summarise(got) | {"workload": name, "generate": bench.generate, "in_flight": in_flight,
+        out = summarise(got) | {"workload": name, "env": env, "generate": bench.generate, "in_flight": in_flight,
                                 "transitions_per_rollout": await transitions_per_rollout(client, run_id),
                                 "history_bytes_per_rollout": await history_bytes_per_rollout(client, run_id),
                                 "peak_rss_mib": peak}

@@ -47,10 +47,11 @@ def base_tasks(workload: str) -> list[Task]:
     raise SystemExit(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
 
 
-def tasks_for(workload: str, n: int, tag: str) -> list[Task]:
-    """`n` tasks cycling over the workload's rows, each with its own id."""
+def tasks_for(workload: str, n: int, tag: str, env: str | None = None) -> list[Task]:
+    """`n` tasks cycling over the workload's rows, each with its own id (and in `env` instead, if given)."""
     base = base_tasks(workload)
-    return [base[i % len(base)].model_copy(update={"id": f"{tag}-{i}"}) for i in range(n)]
+    other = {"env": env} if env else {}
+    return [base[i % len(base)].model_copy(update={"id": f"{tag}-{i}", **other}) for i in range(n)]
 
 
 def percentile(values: list[float], q: float) -> float | None:

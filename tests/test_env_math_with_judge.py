@@ -1,22 +1,23 @@
-"""math_with_judge: boxed extraction, math-verify in a worker process, the two-order judge, masking on
-judge failure, `validate` on the example tasks, and a replay of NeMo Gym's recorded rollouts."""
+"""math_with_judge: boxed extraction, math-verify (in a supervised process on workers), the two-order judge,
+masking on judge failure and on a check past its limits, `validate` on the example tasks, and a replay of NeMo
+Gym's recorded rollouts."""
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-import math_verify  # noqa: F401  (imported here so forked checker processes start warm)
+import math_verify
 import pytest
+import pytest_asyncio
 
+from activities.env_activities import verify_episode
+from activities.env_processes import EnvProcesses
 from environments.base import VerifyContext
 from environments.math_with_judge import (
     JUDGE_FAILED,
     JUDGE_UNAVAILABLE,
-    CheckerPool,
-    CheckRaised,
     MathWithJudgeEnvironment,
     judge_messages,
     judge_verdict,
@@ -25,6 +26,7 @@ from environments.math_with_judge import (
 )
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import GymflowError, VerifierError
+from gymflow.kernel.failures import VERIFIER_FAILED, VERIFIER_TIMEOUT
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.kernel.wire import ChatMessage, Task
 from tests.conftest import SHARED
@@ -37,13 +39,18 @@ JUDGE = {"judge_model": "judge"}
 
 
 @pytest.fixture(scope="module")
-def env() -> Iterator[MathWithJudgeEnvironment]:
-    # fork keeps the suite fast; the production default, spawn, is covered by its own test. A generous timeout:
-    # replay row 1's true answer needs 4-9 s of SymPy on a loaded 2-core box (timeouts are tested apart).
-    env = MathWithJudgeEnvironment(library_timeout_s=60, library_workers=2, library_start_method="fork",
-                                   judge_backoff_s=0)
-    yield env
-    env.close()
+def env() -> MathWithJudgeEnvironment:
+    # verify called directly runs math-verify in this process, unbounded (replay row 1's true answer needs 4-9 s of
+    # SymPy on a loaded 2-core box); the supervised path and its limits are tested below.
+    return MathWithJudgeEnvironment(judge_backoff_s=0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def procs() -> AsyncIterator[EnvProcesses]:
+    pool = EnvProcesses(2)
+    pool.start()
+    yield pool
+    await pool.close()
 
 
 def math_task(expected: str = "4", question: str = "What is 2+2?", **data: Any) -> Task:
@@ -116,39 +123,73 @@ async def test_nested_braces(env: MathWithJudgeEnvironment) -> None:
     assert s.reward == 1.0 and s.details["boxed_answer"] == r"\frac{1}{\sqrt{2}}"
 
 
-async def test_library_timeout_scores_zero_like_nemo_gym() -> None:
-    env = MathWithJudgeEnvironment(library_timeout_s=0.05, library_workers=1)  # spawn + import alone overrun
-    try:
-        s = await score(env, math_task("4"), r"\boxed{4}")
-    finally:
-        env.close()
-    assert s.reward == 0.0 and "timed out" in s.details["library_error"]
+# True answers that take SymPy ~75 ms each; a distinct one per check, since SymPy caches within a process.
+HEAVY = {8: (18817, 10864), 9: (70226, 40545), 10: (262087, 151316), 11: (978122, 564719)}
 
 
-async def test_spawned_worker_runs_the_check() -> None:
-    pool = CheckerPool(1, timeout_s=20.0)  # spawn: the worker imports this module and math-verify afresh
-    try:
-        assert await pool.run(library_check, r"\(\frac{1}{2}\)", r"so \boxed{0.5}") == (1.0, "1/2")
-    finally:
-        pool.close()
+def heavy(n: int) -> tuple[str, str]:
+    """(expected, answer) for (2+sqrt 3)^n, the answer in expanded form."""
+    a, b = HEAVY[n]
+    return rf"(2+\sqrt{{3}})^{{{n}}}", rf"\boxed{{{a} + {b}\sqrt{{3}}}}"
 
 
-async def test_pool_kills_an_overrunning_worker_and_recovers() -> None:
-    pool = CheckerPool(1, timeout_s=5.0, start_method="fork")
-    try:
-        assert await pool.run(pow, 2, 3) == 8
-        stuck = pool._idle[0].proc
-        pool.timeout_s = 0.2
-        with pytest.raises(TimeoutError):
-            await pool.run(time.sleep, 30)
-        assert not stuck.is_alive() and not pool._idle
-        pool.timeout_s = 5.0
-        assert await pool.run(pow, 3, 2) == 9
-    finally:
-        pool.close()
+async def _supervised(procs: EnvProcesses, answer: str, options: dict[str, Any], judge: FakeJudge | None = None,
+                      expected: str = "4"):
+    """Verify as a worker runs it: in a supervised process, or (with a judge) in the loop with math-verify in one."""
+    env = MathWithJudgeEnvironment(judge_backoff_s=0)
+    task = math_task(expected)
+    transcript = (*task.messages, ChatMessage(role="assistant", content=answer))
+    return await verify_episode(env, None, transcript, {}, VerifyContext("policy", judge, options), task, procs)
 
 
-# ---- judge ---------------------------------------------------------------------------------------
+async def test_the_check_runs_in_a_supervised_process(procs: EnvProcesses) -> None:
+    s = await _supervised(procs, r"so \boxed{0.5}", {"should_use_judge": False}, expected=r"\(\frac{1}{2}\)")
+    assert s.reward == 1.0 and s.details["extracted_answer"] == "1/2"
+    s = await _supervised(procs, r"\boxed{5}", {"should_use_judge": False})
+    assert s.reward == 0.0 and not s.masked
+
+
+@pytest.mark.parametrize("judged", [False, True])
+async def test_a_check_past_its_time_limit_masks_instead_of_scoring_zero(procs: EnvProcesses, judged: bool) -> None:
+    # NeMo Gym scores a timed-out check 0; under load a true answer timed out. This true answer takes ~75 ms of
+    # SymPy; 5 ms (counted from when a process, math-verify already imported, takes the check) is too short.
+    limit = {"verify_timeout_s": 0.005}
+    options = {**JUDGE, **limit} if judged else {"should_use_judge": False, **limit}
+    judge = FakeJudge(EQUAL, EQUAL) if judged else None
+    expected, answer = heavy(9 if judged else 10)
+    s = await _supervised(procs, answer, options, judge, expected=expected)
+    assert s.masked and s.reward is None and s.failure_type == VERIFIER_TIMEOUT, s
+    assert "exceeded its 0.005 s limit" in s.details["error"]
+    generous = await _supervised(procs, answer, {**options, "verify_timeout_s": 30}, judge, expected=expected)
+    assert generous.reward == 1.0, "the same check, with time: a true answer"
+    if judge is not None:
+        assert not judge.calls, "a check that could not finish asks no judge"
+
+
+async def test_library_timeout_s_is_still_the_verify_limit(procs: EnvProcesses) -> None:
+    expected, answer = heavy(11)
+    s = await _supervised(procs, answer, {"should_use_judge": False, "library_timeout_s": 0.005}, expected=expected)
+    assert s.failure_type == VERIFIER_TIMEOUT
+
+
+async def test_an_io_failure_inside_the_check_masks_instead_of_scoring_zero(monkeypatch) -> None:
+    # The platform's failure, not the answer's: unscorable, never reward 0.
+    def broken(*_: object, **__: object) -> None:
+        raise OSError("[Errno 24] Too many open files")
+
+    monkeypatch.setattr(math_verify, "parse", broken)
+    with pytest.raises(VerifierError, match="could not run") as err:
+        library_check("2", r"\boxed{2}")
+    assert err.value.failure_type == VERIFIER_FAILED
+
+
+async def test_an_answer_that_makes_math_verify_raise_scores_zero(monkeypatch) -> None:
+    # math-verify raising over the answer is the answer's fault: 0, as in NeMo Gym.
+    def raising(*_: object, **__: object) -> None:
+        raise ValueError("bad latex")
+
+    monkeypatch.setattr(math_verify, "parse", raising)
+    assert library_check("2", r"\boxed{2}") == (0.0, None)
 
 
 async def test_judge_equal_in_both_orders_scores_one(env: MathWithJudgeEnvironment) -> None:
@@ -272,34 +313,3 @@ async def test_replay_matches_nemo_gym_reward(env: MathWithJudgeEnvironment, i: 
     assert s.details["library_reward"] == row["library_reward"]
     assert s.details["extracted_answer"] == row["extracted_answer"]
     assert [[(m.role, m.content) for m in msgs] for _, msgs in judge.calls] == judge.expected  # type: ignore[attr-defined]
-
-
-async def test_a_checker_that_cannot_start_masks_instead_of_scoring_zero(monkeypatch) -> None:
-    # The platform's failure (no process could start), not the answer's: unscorable, never reward 0.
-    env = MathWithJudgeEnvironment(library_timeout_s=5, library_workers=1, library_start_method="fork")
-    try:
-        def refuse(self) -> None:
-            raise OSError("[Errno 11] Resource temporarily unavailable")
-
-        monkeypatch.setattr(env.pool._ctx.Process, "start", refuse)
-        task = env.parse_task(Task(id="m", env="math_with_judge", messages=(ChatMessage(role="user", content="1+1"),),
-                                   data={"question": "1+1", "expected_answer": "2"}))
-        with pytest.raises(VerifierError, match="could not run"):
-            await env.verify(task, (ChatMessage(role="assistant", content=r"\boxed{2}"),), {},
-                             VerifyContext("m", options={"should_use_judge": False}))
-    finally:
-        env.close()
-
-
-async def test_an_answer_that_makes_math_verify_raise_scores_zero(env) -> None:
-    # math-verify raising on the answer is the answer's fault (NeMo Gym: 0); CheckRaised carries it.
-    async def raising(*_: object, **__: object) -> None:
-        raise CheckRaised("ValueError('bad latex')")
-
-    real = env.pool.run
-    env.pool.run = raising
-    try:
-        score = await env._library("2", r"\boxed{2}")
-    finally:
-        env.pool.run = real
-    assert score[0] == 0.0 and "bad latex" in score[2]

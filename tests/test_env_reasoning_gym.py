@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from activities.env_activities import verify_episode
 from environments.base import VerifyContext
 from environments.reasoning_gym_env import (
     ReasoningGymEnvironment,
@@ -17,6 +18,7 @@ from environments.reasoning_gym_env import (
 )
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError
+from gymflow.kernel.failures import VERIFIER_FAILED
 from gymflow.kernel.wire import ChatMessage, Task
 
 ENV = ReasoningGymEnvironment()
@@ -140,3 +142,24 @@ async def test_index_past_size_is_a_task_error():
 def test_bad_config_is_a_task_error():
     with pytest.raises(TaskError, match="config"):
         get_dataset("leg_counting", 1, 2, {"min_animals": 0, "no_such_option": 1})
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (ValueError("could not convert 'forty' to int"), "zero"),  # the answer's fault: 0, as NeMo Gym
+    (OSError("[Errno 24] Too many open files"), "masked"),  # the platform's: never 0
+    (ImportError("No module named 'sympy'"), "masked"),
+])
+async def test_a_scorer_that_raises_scores_zero_only_when_the_answer_is_why(monkeypatch, error, expected):
+    task = make_tasks("leg_counting", 2, seed=5)[1]
+    dataset = get_dataset("leg_counting", 5, 2)
+
+    def raising(answer, entry):
+        raise error
+
+    monkeypatch.setattr(dataset, "score_answer", raising)
+    transcript = (*task.messages, ChatMessage(role="assistant", content="<answer>forty</answer>"))
+    s = await verify_episode(ENV, ENV.parse_task(task), transcript, {}, VerifyContext("m"))
+    if expected == "zero":
+        assert s.reward == 0.0 and s.details["reason"] == "scorer_error" and not s.masked
+    else:
+        assert s.masked and s.reward is None and s.failure_type == VERIFIER_FAILED, s

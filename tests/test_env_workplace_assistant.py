@@ -6,12 +6,14 @@ from __future__ import annotations
 import csv
 import json
 import re
+import time
 
 import pytest
 
 from environments.base import VerifyContext
 from environments.registry import get_environment
 from environments.workplace_assistant import WorkplaceAssistantEnvironment
+from environments.workplace_assistant.common import contains
 from environments.workplace_assistant.dispatch import replay
 from environments.workplace_assistant.world import DEFAULT_DIRECTORY, ENV_VAR, pristine
 from gymflow.kernel.datasets import load_jsonl, row_to_task
@@ -269,3 +271,15 @@ def test_data_dir_comes_from_the_environment(monkeypatch, tmp_path):
         pristine()
     monkeypatch.setenv(ENV_VAR, str(DATA))
     assert len(pristine().tables["calendar"]) == 300
+
+
+def test_model_written_patterns_run_in_linear_time():
+    # `(.*)*(.*)*Q` held a worker's loop for hours under Python's `re`; RE2 answers at once.
+    started = time.monotonic()
+    assert not any(contains("(.*)*(.*)*Q", "a" * 40 + "@atlas.com") for _ in range(20))
+    assert time.monotonic() - started < 0.5
+    assert contains("ALICE", "alice@atlas.com") and contains(r"^\w+\.\w+@", "alice.smith@atlas.com")
+    with pytest.raises(ToolError, match="invalid search pattern"):
+        contains(r"(a)\1", "aa")  # a backreference: RE2 cannot, the model is told
+    with pytest.raises(TypeError, match="first argument must be string"):
+        contains(5, "a")  # as Python's `re` says it (NeMo Gym shows the model that text)

@@ -20,6 +20,8 @@ as `main.py` in a private working directory next to `files`; the result carries 
   `describe_limits()` says which applies, and the env worker logs it at start.
 - rlimits set inside by `prlimit` (util-linux): CPU, address space, processes, file size, open
   files, no core dumps. Not `preexec_fn`: that is unsafe in threaded processes (Temporal workers).
+  The bootstrap copies them onto pid 1 (bwrap's init) before any program code runs: a program can write
+  the init's memory through /proc/1/mem and run code there, and would otherwise escape them.
   New threads get an 8 MiB stack (`thread_stack_bytes`), so a raised RLIMIT_STACK does not make each
   thread reserve it under the address-space limit.
 - When we run as root the sandbox runs as `nobody` (65534): the kernel never applies RLIMIT_NPROC to

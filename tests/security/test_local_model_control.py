@@ -121,8 +121,12 @@ def test_without_a_weights_root_load_weights_is_refused() -> None:
     assert r.status_code == 403 and "--weights-root" in r.json()["error"]["message"]
 
 
-def test_the_server_listens_on_loopback_by_default(server: Any) -> None:
+def test_the_server_listens_on_loopback_by_default_and_for_an_empty_host(server: Any) -> None:
+    from gymflow.localmodel.server import LocalModelServer
+
     assert server._server.server_address[0] == "127.0.0.1"
+    with LocalModelServer(TinyEngine(), host="") as srv:  # type: ignore[arg-type]
+        assert srv._server.server_address[0] == "127.0.0.1"  # not every interface, as bind("") would be
 
 
 # ---- the token file ----------------------------------------------------------------------------------------
