@@ -52,6 +52,11 @@ START_TIMEOUT_S = 60.0  # a new process, up to its "ready"
 QUEUE_TIMEOUT_S = 300.0  # waiting for a free process; then the activity fails retryably
 _TASK_KEYS_KEPT = 1024
 PROCESSES_ENV = "GYMFLOW_ENV_PROCESSES"  # overrides the default process count
+# A process busy on one call for longer than this is "held": a caller that finds every process busy then gets an
+# extra one (up to OVERFLOW_FACTOR x the size), so hostile calls that run to their limit (spin, sleep, a hanging
+# verifier) never queue the other rollouts' calls behind them. Extras retire once nobody waits.
+HELD_S = 0.5
+OVERFLOW_FACTOR = 4
 
 
 def default_size() -> int:
@@ -132,6 +137,7 @@ class _Proc:
         self.tasks: OrderedDict[str, None] = OrderedDict()  # keys this process holds (a mirror of its LRU)
         self.expired = False
         self.reaped = False
+        self.busy_since: float | None = None  # loop time its current call began; None while idle
 
     def start(self) -> None:
         try:
@@ -208,8 +214,9 @@ class EnvProcesses:
     workers of one process (they share its event loop)."""
 
     def __init__(self, size: int | None = None, *, start_method: str = "forkserver",
-                 queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
+                 queue_timeout_s: float = QUEUE_TIMEOUT_S, overflow: int = OVERFLOW_FACTOR) -> None:
         self.size = size or default_size()
+        self.max_size = self.size * max(1, overflow)
         self.queue_timeout_s = queue_timeout_s
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
@@ -222,6 +229,7 @@ class EnvProcesses:
         self._background: set[asyncio.Task[None]] = set()
         self._keys: OrderedDict[int, tuple[Task, str, bytes]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._grow_timer: asyncio.TimerHandle | None = None
         self._started = self._closed = False
         self._failed_starts, self._start_error = 0, ""
 
@@ -279,6 +287,7 @@ class EnvProcesses:
             self._loop = loop
             self._waiters.clear()
             self._background.clear()
+            self._grow_timer = None
             for proc in list(self._starting):
                 self._watch_start(proc)
         return loop
@@ -335,12 +344,39 @@ class EnvProcesses:
         """Starts keep failing and no process is up."""
         return self._failed_starts >= 3 and len(self._procs) == len(self._starting)
 
+    def _held(self) -> int:
+        """Processes busy on one call for longer than HELD_S."""
+        now = asyncio.get_running_loop().time()
+        return sum(1 for p in self._procs if p.busy_since is not None and now - p.busy_since >= HELD_S)
+
+    def _grow(self) -> None:
+        """Start extra processes for waiting callers while some are held by long calls: the processes not held
+        stay at `size` at least, and all of them at `max_size` at most. Looks again every HELD_S while anyone
+        waits (a busy process may become held meanwhile)."""
+        self._grow_timer = None
+        waiting = sum(1 for w in self._waiters if not w.done())
+        if self._closed or not waiting:
+            return
+        target = min(self.max_size, self.size + self._held())
+        while len(self._procs) < target and len(self._starting) < waiting:
+            self._spawn()
+        if len(self._procs) < self.max_size:
+            self._grow_timer = asyncio.get_running_loop().call_later(HELD_S, self._grow)
+
     def _release(self, proc: _Proc) -> None:
+        proc.busy_since = None
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(proc)
                 return
+        if len(self._procs) > self.size + self._held():  # an extra nobody needs now: it exits on EOF
+            self._procs.discard(proc)
+            proc.sock.close()
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(proc.reap))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
         self._idle.append(proc)
 
     def _replace(self, proc: _Proc) -> None:
@@ -359,8 +395,11 @@ class EnvProcesses:
             return self._idle.popleft()
         if self._broken():
             raise EnvProcessesBusy(self._start_error)
-        waiter: asyncio.Future[_Proc] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[_Proc] = loop.create_future()
         self._waiters.append(waiter)
+        if self._grow_timer is None:
+            self._grow()
         try:
             return await asyncio.wait_for(waiter, self.queue_timeout_s)
         except BaseException as e:
@@ -427,6 +466,7 @@ class EnvProcesses:
         """One request on a free process. With `task`, its environment is loaded there first (untimed by the
         call's limit), and for every op but "call" the task travels with it (by key once the process holds it)."""
         proc = await self._acquire()
+        proc.busy_since = asyncio.get_running_loop().time()
         healthy = False
         try:
             reply = await self._load(proc, task, memory_mb) if task is not None else None

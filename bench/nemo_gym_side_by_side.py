@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -191,6 +192,8 @@ class NemoGym:
         assert self.env is not None
         rows, out = self.work / f"{tag}.jsonl", self.work / f"{tag}-rollouts.jsonl"
         _rows(rows, n)
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        env_before, launched = _proc_cpu(self.env.pid), time.monotonic()
         proc = subprocess.Popen([self.gym, "eval", "run", "--no-serve", "--agent", AGENT, "--input", str(rows),
                                  "--output", str(out), "--concurrency", str(in_flight)],
                                 cwd=self.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -205,6 +208,11 @@ class NemoGym:
             "done": re.compile(rb"Finished %d / %d rollouts" % (n, n))}, on_mark)
         reader.start()
         rc = proc.wait(timeout=3600)
+        whole_wall = time.monotonic() - launched
+        env_after = _proc_cpu(self.env.pid)
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # the eval process, reaped just now (and its children)
+        eval_cpu = ru.ru_utime + ru.ru_stime - reaped.ru_utime - reaped.ru_stime
+        servers_cpu = sum(c - (env_before[pid][1] if pid in env_before else 0.0) for pid, (_, c) in env_after.items())
         reader.join(timeout=30)
         self.pids |= set(_proc_cpu(self.env.pid))
         if rc != 0 or "done" not in reader.seen:
@@ -226,6 +234,10 @@ class NemoGym:
                 "rollouts_per_s": n / wall, "tqdm_rollouts_per_s": float(bar[-1][2]) if bar else None,
                 "rows": statuses, "mean_reward": sum(rewards) / len(rewards) if rewards else None,
                 "cpu_s_per_1000_total": 1000 * total / n,
+                # The whole `gym eval run` (its imports, start-up, aggregate metrics and health checks included):
+                "whole_eval_wall_s": whole_wall, "whole_eval_rollouts_per_s": n / whole_wall,
+                "whole_eval_cpu_s_per_1000": 1000 * (eval_cpu + servers_cpu) / n,
+                "whole_eval_client_cpu_s": eval_cpu,
                 "cpu_s_per_1000": {k: round(1000 * v / n, 2) for k, v in sorted(by.items())}}
 
     def close(self) -> None:
@@ -299,6 +311,12 @@ def table(results: list[dict[str, Any]]) -> str:
             max(r["cpu_s_per_1000_total"] for r in g) / min(r["cpu_s_per_1000_total"] for r in ng)
         lines += ["", f"gymflow / NeMo Gym: rate {rate[0]:.2f}-{rate[1]:.2f}x (target >= 0.8x), CPU per rollout "
                       f"{cpu[0]:.2f}-{cpu[1]:.2f}x (target <= 1.2x); ranges over every gymflow/NeMo Gym run pairing."]
+    whole = [r for r in ng if "whole_eval_cpu_s_per_1000" in r]
+    if whole:
+        rates = ", ".join(f"{r['whole_eval_rollouts_per_s']:.1f}/s" for r in whole)
+        cpus = ", ".join(f"{r['whole_eval_cpu_s_per_1000']:.1f}" for r in whole)
+        lines += [f"NeMo Gym over the whole `gym eval run` (its start-up, aggregate metrics and health checks "
+                  f"included): {rates} at {cpus} CPU-s per 1000."]
     d = [r for r in results if r.get("direct")]
     if g and d:
         lines += [f"Isolation (supervised environment processes) vs steps in the loop: rate "

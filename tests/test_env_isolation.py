@@ -140,7 +140,7 @@ async def test_normal_calls_beside_a_hostile_one_are_not_delayed(procs):
 
 
 async def test_queueing_for_a_process_does_not_count_against_the_call(hostile_env):  # noqa: F811
-    one = EnvProcesses(1)
+    one = EnvProcesses(1, overflow=1)  # no extra process: the second call really queues
     one.start()
     try:
         # Each sleeps 1.2 s of its 2 s limit; the second waits ~1.2 s for the only process and must still pass.
@@ -149,6 +149,32 @@ async def test_queueing_for_a_process_does_not_count_against_the_call(hostile_en
         assert not first.is_error and not second.is_error, (first.message.content, second.message.content)
     finally:
         await one.close()
+
+
+async def test_calls_held_to_their_limit_get_extra_processes_for_the_others(hostile_env):  # noqa: F811
+    # Both processes held by spinning calls (to their 2 s limit): the calls that come after get extra processes
+    # instead of queueing behind them, and the extras retire once nobody waits.
+    two = EnvProcesses(2)
+    two.start()
+    try:
+        await asyncio.gather(*(_tool(two, _call("echo", text="warm")) for _ in range(2)))  # both up, env loaded
+        await _full(two)
+        spinners = [asyncio.ensure_future(_tool(two, _call("spin"))) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        normal = await asyncio.gather(*(_tool(two, _call("echo", text="hi")) for _ in range(10)))
+        took = time.monotonic() - started
+        assert all(not r.is_error for r in normal)
+        assert not any(s.done() for s in spinners), "the spinners ended before the normal calls"
+        assert took < 1.5, took  # HELD_S plus a process start, never the spinners' 2 s
+        assert all(r.is_error for r in await asyncio.gather(*spinners))
+        for _ in range(100):
+            if len(two._procs) == two.size:  # noqa: SLF001
+                break
+            await asyncio.sleep(0.05)
+        assert len(two._procs) == two.size  # noqa: SLF001
+    finally:
+        await two.close()
 
 
 # ---- arguments --------------------------------------------------------------------------------------------

@@ -1,9 +1,7 @@
 """A long episode through the real stack (issue 7's measure): 200 turns, 50 KB tool outputs, a 100 KB task.
 
 History must grow by a constant per turn and every payload must stay under a bound that depends on none of
-the sizes; the data (the 10 MB transcript) lives in Postgres. The classic workflow, which carries the
-transcript in its payloads, cannot run this episode: it ends it as `transcript_too_large` (docs/architecture.md
-has both figures, from `python bench/history_bytes.py`).
+the sizes; the data (the 10 MB transcript) lives in Postgres (docs/architecture.md, "Long episodes").
 """
 
 from __future__ import annotations
