@@ -438,11 +438,11 @@ class EpisodeActivities:
 
     async def _finish(self, req: FinishRequest) -> Finished:
         summary = req.summary
-        if req.started_at is not None:
-            summary = summary.model_copy(update={"latency_s": round(
-                (datetime.now(UTC) - req.started_at).total_seconds(), 4)})
         chain = await self._chain(summary.rollout_id, req.head_id) if req.head_id is not None else []
         score = await self._verify(req, chain) if req.verify else None
+        if req.started_at is not None:  # after verification: a slow verifier is part of the episode's latency
+            summary = summary.model_copy(update={"latency_s": round(
+                (datetime.now(UTC) - req.started_at).total_seconds(), 4)})
         if score is not None:
             summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
                                                  "failure_type": score.failure_type})

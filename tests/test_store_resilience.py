@@ -117,3 +117,6 @@ async def test_slow_tool_and_verify_heartbeat(gf, scripted, sql, faulty_env):  #
     summary = await gf.run_rollout(inp)
     assert summary.status == "completed", (summary.failure_type, summary.failure_message)
     assert sql("SELECT status FROM rollouts WHERE id = %s", inp.rollout_id) == [("completed",)]
+    # The latency counts the slow verification too (the tool's 2.5 s and the verifier's 2.5 s).
+    ((latency,),) = sql("SELECT latency_s FROM rollouts WHERE id = %s", inp.rollout_id)
+    assert summary.latency_s >= 5.0 and latency >= 5.0, (summary.latency_s, latency)
