@@ -42,7 +42,7 @@ import psutil
 
 from bench import hostile_env, runs
 from bench.stack import DEFAULT_PLACEMENT, start_stack
-from bench.workloads import SHARED, dumps
+from bench.workloads import SHARED, run_meta, save_and_print
 from workers.local_stack import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -347,9 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     import logging
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("temporalio").setLevel(logging.ERROR)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": " ".join(["python -m bench.nemo_gym_side_by_side", *(argv or sys.argv[1:])]),
-            "cores": os.cpu_count(), "load_at_start": ", ".join(f"{v:.1f}" for v in os.getloadavg())}
+    meta = run_meta("bench.nemo_gym_side_by_side", argv)
     results: list[dict[str, Any]] = []
     for pair in range(1, args.pairs + 1):
         if args.only != "nemo":
@@ -365,11 +363,7 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
             results.append(nemo_run(args.nemo_python, args.n, args.in_flight) | {"pair": pair})
     out = args.json or ROOT / "bench" / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-side-by-side.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(dumps({"meta": meta, "runs": results}) + "\n")
-    print(f"`{meta['command']}`, {meta['date']}, {meta['cores']} cores, load at start {meta['load_at_start']}\n")
-    print(table(results), end="")
-    print(f"wrote {out}", file=sys.stderr)
+    save_and_print(out, meta, results, table(results))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ import sqlalchemy as sa
 from bench import hostile_env
 from bench.runs import _tag
 from bench.stack import DEFAULT_PLACEMENT, FAST, BenchStack, start_stack
-from bench.workloads import collect, dumps, percentile, tasks_for
+from bench.workloads import collect, percentile, run_meta, save_and_print, tasks_for
 from gymflow.client import GymflowClient
 from gymflow.kernel.store.db import make_engine
 from gymflow.kernel.wire import ChatMessage, Task, ToolSpec
@@ -200,16 +199,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--hostile: one or more of {', '.join(KINDS)}")
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("temporalio").setLevel(logging.ERROR)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": " ".join(["python -m bench.noisy_neighbour", *(argv or sys.argv[1:])]),
-            "cores": os.cpu_count(), "load_at_start": ", ".join(f"{v:.1f}" for v in os.getloadavg())}
+    meta = run_meta("bench.noisy_neighbour", argv)
     runs = asyncio.run(measure(args))
     out = args.json or ROOT / "bench" / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-noisy-neighbour.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(dumps({"meta": meta, "runs": runs}) + "\n")
-    print(f"`{meta['command']}`, {meta['date']}, {meta['cores']} cores, load at start {meta['load_at_start']}\n")
-    print(report(runs), end="")
-    print(f"wrote {out}", file=sys.stderr)
+    save_and_print(out, meta, runs, report(runs))
 
 
 if __name__ == "__main__":

@@ -161,3 +161,25 @@ def summarise(c: Collected) -> dict[str, Any]:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str)
+
+
+def run_meta(module: str, argv: list[str] | None) -> dict[str, Any]:
+    """What a benchmark's output opens with: the command, when, the cores and the load at the start."""
+    import os
+    import sys
+    import time
+
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": " ".join([f"python -m {module}", *(argv or sys.argv[1:])]),
+            "cores": os.cpu_count(), "load_at_start": ", ".join(f"{v:.1f}" for v in os.getloadavg())}
+
+
+def save_and_print(out: Path, meta: dict[str, Any], runs: list[dict[str, Any]], table: str) -> None:
+    """Write the runs as JSON to `out` and print the header and `table`, as every benchmark's report does."""
+    import sys
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dumps({"meta": meta, "runs": runs}) + "\n")
+    print(f"`{meta['command']}`, {meta['date']}, {meta['cores']} cores, load at start {meta['load_at_start']}\n")
+    print(table, end="")
+    print(f"wrote {out}", file=sys.stderr)
