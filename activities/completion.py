@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from activities.model_client import Completion, CompletionChoice, CompletionMessage
+from gymflow.activities.model_client import Completion, CompletionChoice, CompletionMessage
+
 from gymflow.kernel.config import ModelConfig
 from gymflow.kernel.wire import ChatMessage, FunctionCall, GenerateRequest, ToolCall
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gymflow.activities import metrics
+from gymflow.activities.boundary import heartbeating
+from gymflow.activities.env_calls import score, tool_result
+from gymflow.activities.env_processes import EnvProcesses, Limits
+from gymflow.activities.model_client import ModelClients
+from gymflow.activities.recorded import RecordedJudge, recorded
+from gymflow.environments.base import ChatFn, Environment, TaskData, VerifyContext
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from activities import metrics
-from activities.boundary import heartbeating
-from activities.env_calls import score, tool_result
-from activities.env_processes import EnvProcesses, Limits
-from activities.model_client import ModelClients
-from activities.recorded import RecordedJudge, recorded
-from environments.base import ChatFn, Environment, TaskData, VerifyContext
 from gymflow.kernel.wire import (
     JSON,
     ChatMessage,

@@ -8,7 +8,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from environments.base import Environment, TaskData, ToolOutput, VerifyContext
+from gymflow.environments.base import Environment, TaskData, ToolOutput, VerifyContext
+
 from gymflow.kernel.errors import ToolError, VerifierError
 from gymflow.kernel.failures import known
 from gymflow.kernel.wire import JSON, ChatMessage, Score, Task, ToolCall, ToolResult

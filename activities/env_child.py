@@ -26,9 +26,10 @@ import traceback
 from collections import OrderedDict
 from typing import Any
 
-from activities.env_calls import score, tool_result
-from environments.base import Environment, TaskData, VerifyContext
-from environments.registry import environment_at
+from gymflow.activities.env_calls import score, tool_result
+from gymflow.environments.base import Environment, TaskData, VerifyContext
+from gymflow.environments.registry import environment_at
+
 from gymflow.kernel.failures import short_message
 from gymflow.kernel.wire import Task
 

@@ -37,10 +37,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from activities.env_calls import tool_error
-from activities.env_child import _TASKS_KEPT, HEADER, MAX_FRAME_BYTES, serve
-from environments.base import JSON, Environment, Step
-from environments.registry import entry_point_value
+from gymflow.activities.env_calls import tool_error
+from gymflow.activities.env_child import _TASKS_KEPT, HEADER, MAX_FRAME_BYTES, serve
+from gymflow.environments.base import JSON, Environment, Step
+from gymflow.environments.registry import entry_point_value
+
 from gymflow.kernel.errors import ConfigError, GymflowError, VerifierError
 from gymflow.kernel.failures import ENVIRONMENT_ERROR, VERIFIER_CRASHED, VERIFIER_TIMEOUT
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolCall, ToolResult, ToolSpec
@@ -221,7 +222,7 @@ class EnvProcesses:
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # Imported once in the forkserver, so a new process starts in milliseconds (also after a kill).
-            self._ctx.set_forkserver_preload(["__main__", "activities.env_child"])
+            self._ctx.set_forkserver_preload(["__main__", "gymflow.activities.env_child"])
         self._procs: set[_Proc] = set()
         self._idle: deque[_Proc] = deque()
         self._waiters: deque[asyncio.Future[_Proc]] = deque()

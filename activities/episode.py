@@ -22,22 +22,22 @@ from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from gymflow.activities import metrics
+from gymflow.activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_read, retry_store
+from gymflow.activities.chain_cache import ChainCache, message_size
+from gymflow.activities.completion import request_body, to_message, token_data
+from gymflow.activities.env_activities import EnvActivities, run_tool_call, setup_episode, verify_episode
+from gymflow.activities.env_processes import EnvProcesses
+from gymflow.activities.model_client import ModelClients, bad_response
+from gymflow.activities.recorded import recorded
+from gymflow.activities.redact import Redactor
+from gymflow.environments.base import Environment, VerifyContext
+from gymflow.environments.registry import get_environment
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import metrics
-from activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_read, retry_store
-from activities.chain_cache import ChainCache, message_size
-from activities.completion import request_body, to_message, token_data
-from activities.env_activities import EnvActivities, run_tool_call, setup_episode, verify_episode
-from activities.env_processes import EnvProcesses
-from activities.model_client import ModelClients, bad_response
-from activities.recorded import recorded
-from activities.redact import Redactor
-from environments.base import Environment, VerifyContext
-from environments.registry import get_environment
 from gymflow.kernel import names
 from gymflow.kernel.episode_wire import (
     BeginRequest,

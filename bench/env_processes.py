@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psutil
+from gymflow.activities.env_calls import tool_result
+from gymflow.activities.env_processes import EnvProcesses, Limits
+from gymflow.environments.registry import get_environment
 
-from activities.env_calls import tool_result
-from activities.env_processes import EnvProcesses, Limits
-from environments.registry import get_environment
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Task, ToolCall, ToolResult
 
 TASK = Task(id="bench", env="single_tool", messages=(ChatMessage(role="user", content="weather?"),))

@@ -119,7 +119,7 @@ def main() -> None:
     if args.database_url:
         bench(args.database_url, args.rollouts, args.prompt_tokens, args.gen_tokens)
         return
-    from workers.local_stack import LocalStack
+    from gymflow.workers.local_stack import LocalStack
 
     with tempfile.TemporaryDirectory() as state:
         Path(state).chmod(0o755)  # embedded Postgres runs as its own user when we are root

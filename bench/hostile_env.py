@@ -22,9 +22,10 @@ import time
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint
 
-from environments import registry
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
-from environments.single_tool import SingleToolEnvironment
+from gymflow.environments import registry
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
+from gymflow.environments.single_tool import SingleToolEnvironment
+
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 
 NAME = "hostile_bench_env"

@@ -24,12 +24,12 @@ import uuid
 from pathlib import Path
 
 import yaml
+from gymflow.workers.local_stack import LocalStack, free_port
 
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import load_settings
 from gymflow.kernel.wire import ChatMessage, Task
 from gymflow.testing.scripted_openai import ScriptedOpenAI, text
-from workers.local_stack import LocalStack, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,11 +24,10 @@ from typing import Any
 
 import httpx
 import psutil
+from gymflow.workers.local_stack import LocalStack, free_port, temporal_binary, wait_for_port
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
-
-from workers.local_stack import LocalStack, free_port, temporal_binary, wait_for_port
 
 
 async def _cpu_per_call(label: str, call: Callable[[int], Awaitable[Any]], n: int, concurrency: int = 50) -> None:

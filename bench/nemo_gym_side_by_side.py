@@ -39,11 +39,11 @@ from typing import Any
 
 import httpx
 import psutil
+from gymflow.workers.local_stack import free_port, wait_for_port
 
 from bench import hostile_env, runs
 from bench.stack import DEFAULT_PLACEMENT, start_stack
 from bench.workloads import SHARED, run_meta, save_and_print
-from workers.local_stack import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 NEMO_PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or "/work/nemo313/bin/python"

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import psutil
 import yaml
+from gymflow.workers.local_stack import LocalStack, free_port, wait_for_port
 
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import ModelConfig, Settings, load_settings
-from workers.local_stack import LocalStack, free_port, wait_for_port
 
 POOLS = ("workflows", "env", "generate")
 FAST, SLOW = "mock", "mock_slow"  # model names in the bench config

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gymflow.environments.reasoning_gym_env import make_tasks
+
 from bench.stack import MOCK_PROCESSES, BenchStack
-from environments.reasoning_gym_env import make_tasks
 from gymflow.client import GymflowClient
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.wire import Task

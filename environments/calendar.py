@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gymflow.environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
 from pydantic import Field, field_validator
 
-from environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
 from gymflow.kernel.wire import ChatMessage, Score, Task
 
 # ---- times and constraints ---------------------------------------------------------------------------

@@ -34,11 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from gymflow.environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
+from gymflow.environments.code_gen_testcases import UnitTests
+from gymflow.environments.sandbox import Limits, Sandbox, SandboxResult, SandboxStatus, SandboxUnavailable, get_sandbox
 from pydantic import BaseModel, ConfigDict
 
-from environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
-from environments.code_gen_testcases import UnitTests
-from environments.sandbox import Limits, Sandbox, SandboxResult, SandboxStatus, SandboxUnavailable, get_sandbox
 from gymflow.kernel.errors import VerifierError
 from gymflow.kernel.failures import SANDBOX_UNAVAILABLE
 from gymflow.kernel.wire import ChatMessage, Score

@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import regex
+from gymflow.environments.base import ChatFn, Environment, TaskData, VerifyContext
+from gymflow.environments.equivalence_llm_judge_prompt import DEFAULT_PROMPT_TEMPLATE
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from environments.base import ChatFn, Environment, TaskData, VerifyContext
-from environments.equivalence_llm_judge_prompt import DEFAULT_PROMPT_TEMPLATE
 from gymflow.kernel.errors import CONFIG_ERROR, GymflowError, VerifierError
 from gymflow.kernel.failures import JUDGE_FAILED, JUDGE_UNAVAILABLE
 from gymflow.kernel.wire import ChatMessage, Score, Task

@@ -19,10 +19,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from gymflow.environments.base import Environment, TaskData, VerifyContext, final_assistant_text
+from gymflow.environments.instruction_following_checks import CHECKS, kwarg_problem, normalise
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from environments.base import Environment, TaskData, VerifyContext, final_assistant_text
-from environments.instruction_following_checks import CHECKS, kwarg_problem, normalise
 from gymflow.kernel.errors import CONFIG_ERROR, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from environments.instruction_following_text import (
+from gymflow.environments.instruction_following_text import (
     count_sentences,
     count_words,
     detect_language,

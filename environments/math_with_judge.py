@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from environments.base import (
+from gymflow.environments.base import (
     PLATFORM_ERRORS,
     ChatFn,
     Environment,
@@ -42,6 +42,7 @@ from environments.base import (
     episode_assistant_texts,
     run_isolated,
 )
+
 from gymflow.kernel.errors import GymflowError, ToolError, VerifierError
 from gymflow.kernel.failures import JUDGE_FAILED, JUDGE_UNAVAILABLE
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import regex
+from gymflow.environments import mcqa_extract as ex
+from gymflow.environments.base import JSON, Environment, TaskData, VerifyContext, episode_assistant_texts
 from pydantic import field_validator, model_validator
 
-from environments import mcqa_extract as ex
-from environments.base import JSON, Environment, TaskData, VerifyContext, episode_assistant_texts
 from gymflow.kernel.errors import CONFIG_ERROR, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task
 

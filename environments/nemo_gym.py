@@ -16,11 +16,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from gymflow.environments import nemo_gym_http as http
+from gymflow.environments import nemo_gym_responses as responses
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext
 from pydantic import Field
 
-from environments import nemo_gym_http as http
-from environments import nemo_gym_responses as responses
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext
 from gymflow.kernel.errors import ConfigError, TaskError, ToolError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task
 

@@ -16,9 +16,9 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
+from gymflow.environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
 from pydantic import Field, field_validator, model_validator
 
-from environments.base import JSON, Environment, TaskData, VerifyContext, final_assistant_text
 from gymflow.kernel.wire import ChatMessage, Score, Task
 
 MAX_CHOICES = 50

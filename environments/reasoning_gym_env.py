@@ -22,12 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import reasoning_gym
+from gymflow.environments.base import (
+    JSON,
+    PLATFORM_ERRORS,
+    Environment,
+    TaskData,
+    VerifyContext,
+    episode_assistant_texts,
+)
 from pydantic import Field, model_validator
 from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import extract_answer
 
-from environments.base import JSON, PLATFORM_ERRORS, Environment, TaskData, VerifyContext, episode_assistant_texts
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task
 

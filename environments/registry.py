@@ -5,7 +5,8 @@ from __future__ import annotations
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
-from environments.base import Environment
+from gymflow.environments.base import Environment
+
 from gymflow.kernel.errors import UNKNOWN_ENV, GymflowError
 
 GROUP = "gymflow.environments"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
+
 from gymflow.kernel.errors import ToolError
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Score, Task, ToolCall, ToolSpec
 

@@ -14,9 +14,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Score, Task, ToolCall
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the example's own mo
 
 from grpo_tasks import step_tasks  # noqa: E402
 from grpo_update import Sample, group_advantages, policy_step  # noqa: E402
+from gymflow.workers.local_stack import free_port  # noqa: E402
 
 from gymflow.cli.demo_cmd import embedded_pools, local_policy, start_local_model, wait_for_pools, with_policy  # noqa: E402
 from gymflow.client import GymflowClient  # noqa: E402
@@ -45,7 +46,6 @@ from gymflow.training.groups import Group, usable  # noqa: E402
 from gymflow.training.iterator import iterate_groups  # noqa: E402
 from gymflow.training.policy import current_policy_version, declare_policy_version  # noqa: E402
 from gymflow.training.records import TurnTokens, build_sequence  # noqa: E402
-from workers.local_stack import free_port  # noqa: E402
 
 MODEL = "policy"
 LOAD_TIMEOUT_S = 300.0  # reading 540 MB of float32 weights; slow disks and a busy CPU stretch it

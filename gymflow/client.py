@@ -53,7 +53,7 @@ from gymflow.kernel.store.episodes import save_tasks
 from gymflow.kernel.store.repo import save_rollout, upsert_run
 from gymflow.kernel.store.reports import run_report
 from gymflow.kernel.wire import RolloutInput, RolloutRecord, RolloutSummary, SamplingParams, Task
-from workers.connect import (
+from gymflow.workers.connect import (
     TemporalUnreachable,
     connect_temporal,
     quiet_runtime,
@@ -140,7 +140,7 @@ def placement_of(settings: Settings, env: str) -> Placement:
     options = settings.environments.get(env, {})
     chosen = options.get("placement")
     if chosen is None:
-        from environments.registry import available, get_environment  # imports that one environment only
+        from gymflow.environments.registry import available, get_environment  # imports that one environment only
 
         if env not in available():
             return "pool"  # the rollout then fails typed (unknown_environment) where the env pool meets it
@@ -153,7 +153,7 @@ def placement_of(settings: Settings, env: str) -> Placement:
 def check_collectable(settings: Settings, envs: Iterable[str], model: str, run_id: str | None = None) -> None:
     """Before anything starts: the run id fits a workflow id, every environment is installed and the model is
     configured."""
-    from environments.registry import available  # lazy: lists entry points, imports no environment
+    from gymflow.environments.registry import available  # lazy: lists entry points, imports no environment
 
     installed = available()
     problems = []

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from environments.registry import get_environment
+from gymflow.environments.registry import get_environment
 from gymflow.kernel.datasets import DatasetError, ErrorLog, check_value, duplicate, iter_tasks, read_rows
 from gymflow.kernel.errors import GymflowError, TaskError
 from gymflow.kernel.routing import route_problem

@@ -16,13 +16,13 @@ import psycopg
 import pytest
 import pytest_asyncio
 import yaml
+from gymflow.workers.connect import connect_temporal
+from gymflow.workers.local_stack import LocalStack, StackAddresses, free_port
+from gymflow.workers.pools import build_pool
 
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import Settings, load_settings
 from gymflow.testing.scripted_openai import ScriptedOpenAI
-from workers.connect import connect_temporal
-from workers.local_stack import LocalStack, StackAddresses, free_port
-from workers.pools import build_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "nemo_gym"

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from importlib.metadata import EntryPoint
 
 import pytest
+from gymflow.environments import registry
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
 from temporalio import activity
 
-from environments import registry
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
 from gymflow.kernel.errors import ToolError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 

@@ -66,7 +66,7 @@ async def record_episode_histories(client: GymflowClient, run_id: str, cases: di
                                    model: str = "policy") -> None:
     """Run one single-tool episode per case (task id = case name, `update` applied to its input), each of which
     must replay through the SDK's strict sandbox (the workflow is deterministic)."""
-    from workflows.episode import EpisodeWorkflow
+    from gymflow.workflows.episode import EpisodeWorkflow
 
     replayer = Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter)
     for name, update in cases.items():

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from importlib.metadata import EntryPoint
 
 import pytest
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
 
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, called_tools
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 from tests.faulty_env import TRACEBACK_TEXT, _install
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
+from gymflow.workers.connect import connect_temporal
+from gymflow.workers.local_stack import LocalStack, free_port, port_in_use, wait_for_port
 
 from gymflow.kernel.failures import FAILURE_TYPES
-from workers.connect import connect_temporal
-from workers.local_stack import LocalStack, free_port, port_in_use, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 POOLS = ("workflows", "env", "generate")

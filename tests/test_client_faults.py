@@ -17,6 +17,9 @@ import time
 import psycopg
 import pytest
 import yaml
+from gymflow.workers.connect import connect_temporal
+from gymflow.workers.local_stack import LocalStack, free_port
+from gymflow.workers.pools import build_pool
 from rich.console import Console
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError, TimeoutError, TimeoutType
@@ -32,9 +35,6 @@ from gymflow.kernel.wire import RolloutInput, RolloutSummary
 from gymflow.testing.scripted_openai import ScriptedOpenAI, text
 from tests.conftest import ROOT
 from tests.helpers import WEATHER_DATASET, user_task, weather_task
-from workers.connect import connect_temporal
-from workers.local_stack import LocalStack, free_port
-from workers.pools import build_pool
 
 # -- units: no server ------------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ async def test_unreachable_postgres_is_retried_then_a_clear_error_without_the_pa
 
 
 async def test_unreachable_temporal_is_announced_then_a_clear_error():
-    from workers.connect import TemporalUnreachable
+    from gymflow.workers.connect import TemporalUnreachable
 
     notes: list[str] = []
     address = f"127.0.0.1:{free_port()}"

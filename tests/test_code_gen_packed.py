@@ -10,9 +10,9 @@ import tracemalloc
 import zlib
 
 import pytest
+from gymflow.environments.code_gen import CodeGenEnvironment
+from gymflow.environments.code_gen_testcases import unpack_tests
 
-from environments.code_gen import CodeGenEnvironment
-from environments.code_gen_testcases import unpack_tests
 from gymflow.kernel.errors import BAD_TASK, TaskError
 from gymflow.kernel.limits import MAX_DECOMPRESSED_BYTES, MAX_UNIT_TEST_BYTES, MAX_UNIT_TESTS
 from gymflow.kernel.wire import ChatMessage, Task

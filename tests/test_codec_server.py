@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 import yaml
+from gymflow.workers.local_stack import free_port, wait_for_port
 
 from gymflow.client import GymflowClient
 from gymflow.codec.server import CodecServer, Limits, make_server, serve_in_thread
@@ -30,7 +31,6 @@ from gymflow.kernel import names
 from gymflow.testing.scripted_openai import text, tool_call
 from tests.conftest import ROOT
 from tests.helpers import weather_task
-from workers.local_stack import free_port, wait_for_port
 
 UI = "http://localhost:8233"
 JSON_PLAIN = base64.b64encode(b"json/plain").decode()

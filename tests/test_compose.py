@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from gymflow.workers.pools import build_pool
 
 from gymflow.cli.stack_cmd import worker as worker_command
 from gymflow.kernel.config import load_settings
 from gymflow.kernel.names import SEARCH_ATTRIBUTES
-from workers.pools import build_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -125,7 +125,7 @@ def test_prepare_an_output_folder_that_does_not_exist_is_a_clear_error(tmp_path)
 
 
 def test_prepare_survives_an_environment_that_crashes_on_a_row(tmp_path, monkeypatch):
-    from environments.single_tool import SingleToolEnvironment
+    from gymflow.environments.single_tool import SingleToolEnvironment
 
     def parse_task(self, task):
         if task.id == "boom":

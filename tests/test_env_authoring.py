@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, final_assistant_text
 
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext, final_assistant_text
 from gymflow.authoring.checker import CheckFailed, check_task
 from gymflow.authoring.schema_args import example_value
 from gymflow.cli.env_cmd import env as env_group

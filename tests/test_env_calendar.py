@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.calendar import CalendarEnvironment, extract_json_list, gold_calendar, to_minutes
 
-from environments.base import VerifyContext
-from environments.calendar import CalendarEnvironment, extract_json_list, gold_calendar, to_minutes
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.responses_format import input_to_messages

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.code_gen import CodeGenEnvironment, CodeGenTask, compare_output, extract_code
+from gymflow.environments.sandbox import Limits, Sandbox, SandboxResult, SandboxStatus, SandboxUnavailable
 
-from environments.base import VerifyContext
-from environments.code_gen import CodeGenEnvironment, CodeGenTask, compare_output, extract_code
-from environments.sandbox import Limits, Sandbox, SandboxResult, SandboxStatus, SandboxUnavailable
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.equivalence_llm_judge import EquivalenceLLMJudgeEnvironment, extract, parse_verdict
 
-from environments.base import VerifyContext
-from environments.equivalence_llm_judge import EquivalenceLLMJudgeEnvironment, extract, parse_verdict
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.failures import CONFIG_ERROR, JUDGE_FAILED, JUDGE_UNAVAILABLE

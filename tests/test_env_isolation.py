@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from gymflow.activities.env_activities import run_tool_call, setup_episode, verify_episode
+from gymflow.activities.env_calls import MAX_ARGUMENT_DEPTH
+from gymflow.activities.env_processes import EnvProcesses, EnvProcessesClosed, Limits
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.registry import get_environment
 
-from activities.env_activities import run_tool_call, setup_episode, verify_episode
-from activities.env_calls import MAX_ARGUMENT_DEPTH
-from activities.env_processes import EnvProcesses, EnvProcessesClosed, Limits
-from environments.base import VerifyContext
-from environments.registry import get_environment
 from gymflow.kernel.errors import GymflowError, VerifierError
 from gymflow.kernel.failures import ENVIRONMENT_ERROR, VERIFIER_CRASHED, VERIFIER_TIMEOUT
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Task, ToolCall

@@ -11,11 +11,10 @@ from typing import Any
 import math_verify
 import pytest
 import pytest_asyncio
-
-from activities.env_activities import verify_episode
-from activities.env_processes import EnvProcesses
-from environments.base import VerifyContext
-from environments.math_with_judge import (
+from gymflow.activities.env_activities import verify_episode
+from gymflow.activities.env_processes import EnvProcesses
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.math_with_judge import (
     JUDGE_FAILED,
     JUDGE_UNAVAILABLE,
     MathWithJudgeEnvironment,
@@ -24,6 +23,7 @@ from environments.math_with_judge import (
     last_boxed,
     library_check,
 )
+
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import GymflowError, VerifierError
 from gymflow.kernel.failures import VERIFIER_FAILED, VERIFIER_TIMEOUT

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.mcqa import MCQAEnvironment
+from gymflow.environments.mcqa_extract import boxed_inner, strip_text_wrappers
 
-from environments.base import VerifyContext
-from environments.mcqa import MCQAEnvironment
-from environments.mcqa_extract import boxed_inner, strip_text_wrappers
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.responses_format import input_to_messages

@@ -12,14 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from gymflow.activities.boundary import classify
+from gymflow.activities.env_activities import run_tool_call, verify_episode
+from gymflow.environments import nemo_gym as ng
+from gymflow.environments import nemo_gym_http as http
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.nemo_gym_responses import items
+from gymflow.environments.registry import get_environment
 
-from activities.boundary import classify
-from activities.env_activities import run_tool_call, verify_episode
-from environments import nemo_gym as ng
-from environments import nemo_gym_http as http
-from environments.base import VerifyContext
-from environments.nemo_gym_responses import items
-from environments.registry import get_environment
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import ConfigError, TaskError, ToolError, VerifierError
 from gymflow.kernel.responses_format import input_to_messages

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from activities.env_activities import verify_episode
-from environments.base import VerifyContext
-from environments.reasoning_gym_env import (
+from gymflow.activities.env_activities import verify_episode
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.reasoning_gym_env import (
     ReasoningGymEnvironment,
     entry_for,
     extract_final_answer,
@@ -16,6 +15,7 @@ from environments.reasoning_gym_env import (
     make_tasks,
     write_jsonl,
 )
+
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.failures import VERIFIER_FAILED

@@ -9,13 +9,13 @@ import re
 import time
 
 import pytest
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.registry import get_environment
+from gymflow.environments.workplace_assistant import WorkplaceAssistantEnvironment
+from gymflow.environments.workplace_assistant.common import contains
+from gymflow.environments.workplace_assistant.dispatch import replay
+from gymflow.environments.workplace_assistant.world import DEFAULT_DIRECTORY, ENV_VAR, pristine
 
-from environments.base import VerifyContext
-from environments.registry import get_environment
-from environments.workplace_assistant import WorkplaceAssistantEnvironment
-from environments.workplace_assistant.common import contains
-from environments.workplace_assistant.dispatch import replay
-from environments.workplace_assistant.world import DEFAULT_DIRECTORY, ENV_VAR, pristine
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import ConfigError, ToolError
 from tests.conftest import SHARED

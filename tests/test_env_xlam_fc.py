@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from gymflow.activities.recorded import split_turns
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.xlam_fc import XlamFcEnvironment
 
-from activities.recorded import split_turns
-from environments.base import VerifyContext
-from environments.xlam_fc import XlamFcEnvironment
 from gymflow.kernel.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.responses_format import input_to_messages

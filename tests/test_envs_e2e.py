@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from environments.calendar import CalendarEnvironment, gold_calendar
-from environments.reasoning_gym_env import ReasoningGymEnvironment, entry_for, make_tasks
+from gymflow.environments.calendar import CalendarEnvironment, gold_calendar
+from gymflow.environments.reasoning_gym_env import ReasoningGymEnvironment, entry_for, make_tasks
+
 from gymflow.kernel.datasets import load_jsonl
 from gymflow.testing.scripted_openai import text, tool_call
 from tests.conftest import SHARED

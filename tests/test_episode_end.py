@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from gymflow.workflows.episode import EpisodeWorkflow
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
@@ -16,7 +17,6 @@ from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.wire import ChatMessage, RolloutSummary, Task
 from gymflow.testing.scripted_openai import Reply, text, tool_call
 from tests.faulty_env import ENDING_NAME, ending_env  # noqa: F401 - ending_env is a fixture
-from workflows.episode import EpisodeWorkflow
 
 
 @pytest_asyncio.fixture
@@ -118,7 +118,7 @@ def test_a_bad_row_turn_limit_is_a_line_numbered_error(tmp_path, value, got):
 
 
 def test_a_retried_run_tools_reports_the_end_its_first_attempt_stored():
-    from activities.episode import _tools_ran
+    from gymflow.activities.episode import _tools_ran
 
     ran = _tools_ran(7, [{}, {"is_error": True}, {"done": True}, {"not_run": True}])
     assert (ran.head_id, ran.calls, ran.errors, ran.done) == (7, 3, 1, True)

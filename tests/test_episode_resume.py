@@ -17,7 +17,7 @@ from tests.helpers import weather_task
 
 async def _replays_and_is_kept(history: WorkflowHistory, name: str) -> None:
     """The reset run's history replays through the strict sandbox."""
-    from workflows.episode import EpisodeWorkflow
+    from gymflow.workflows.episode import EpisodeWorkflow
 
     result = await Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter).replay_workflow(
         history, raise_on_replay_failure=False)

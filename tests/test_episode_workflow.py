@@ -246,7 +246,7 @@ async def test_a_zombie_attempt_s_late_write_never_replaces_the_accepted_one(ep,
 async def test_an_exception_in_workflow_code_fails_the_rollout_typed(ep, scripted, sql, run_id, monkeypatch):
     # A bug in workflow code (here: the counters' update raises after turn 1) fails the rollout at once, typed and
     # recorded, instead of retrying its workflow task until the 24 h execution timeout.
-    import workflows.episode as episode_workflow
+    import gymflow.workflows.episode as episode_workflow
 
     def poisoned(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("poisoned workflow code")

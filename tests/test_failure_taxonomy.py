@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import sqlalchemy.exc as sa_exc
+from gymflow.activities.boundary import boundary, classify
+from gymflow.workflows.options import failure_of
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
-from activities.boundary import boundary, classify
 from gymflow.client import GymflowClient
 from gymflow.kernel import errors, failures
 from gymflow.kernel.config import Settings
@@ -33,7 +34,6 @@ from gymflow.testing.scripted_openai import (
 from tests.conftest import ROOT
 from tests.faulty_env import NAME, TRACEBACK_TEXT, faulty_env, faulty_task  # noqa: F401 - faulty_env: a fixture
 from tests.helpers import user_task
-from workflows.options import failure_of
 
 SOURCE_DIRS = ("activities", "environments", "workflows", "gymflow")
 RUN_ID = "tax-" + uuid.uuid4().hex[:8]  # one run for every case; the case is the task id
@@ -189,7 +189,7 @@ def test_workflow_maps_unknown_causes_to_known_types():
 
 async def test_judge_calls_validate_the_reply(scripted, settings):
     # Judges go through ModelClients.chat: garbage is model_bad_response there too (the verifier then masks).
-    from activities.model_client import ModelClients
+    from gymflow.activities.model_client import ModelClients
 
     models = ModelClients(settings.models)
     scripted.script(completion_json({"choices": [{"message": None}]}), raw_body(b"\x00\xff", "text/plain"))

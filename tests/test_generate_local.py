@@ -15,11 +15,11 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest_asyncio
+from gymflow.activities.episode import EpisodeActivities
+from gymflow.activities.model_client import ModelClients
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import ActivityEnvironment
 
-from activities.episode import EpisodeActivities
-from activities.model_client import ModelClients
 from gymflow.client import GymflowClient
 from gymflow.kernel import names
 from gymflow.kernel.config import Settings
@@ -225,9 +225,8 @@ async def test_local_episode_histories_replay(local_gen, scripted, run_id):
 async def test_a_step_whose_worker_keeps_dying_ends_typed(gf, scripted, settings, stack, run_id):
     # A local step re-run again and again on workers that never ran it (each time its workflow task was lost: the
     # worker died) ends as worker_lost after MAX_STEP_STARTS, instead of moving on to the next worker forever.
+    from gymflow.activities.episode import MAX_STEP_STARTS
     from temporalio.exceptions import ApplicationError
-
-    from activities.episode import MAX_STEP_STARTS
 
     task = weather_task()
     await gf.store_tasks(run_id, [task])

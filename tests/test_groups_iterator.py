@@ -10,8 +10,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from gymflow.environments import registry
 
-from environments import registry
 from gymflow.kernel.wire import RolloutSummary
 from gymflow.testing.scripted_openai import Reply, context_length_error, text, tool_call
 from gymflow.training.groups import failed_members, incomplete_verdict

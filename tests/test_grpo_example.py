@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import yaml
+from gymflow.workers.local_stack import free_port
 
 from tests.conftest import ROOT
-from workers.local_stack import free_port
 
 sys.path.insert(0, str(ROOT / "examples"))
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from gymflow.workers.health import idle_pools, pollers
 from temporalio.api.enums.v1 import TaskQueueType
-
-from workers.health import idle_pools, pollers
 
 
 async def test_running_pools_are_seen_and_an_unpolled_queue_is_not(gf, generate_pool):
@@ -21,6 +20,6 @@ async def test_running_pools_are_seen_and_an_unpolled_queue_is_not(gf, generate_
 
 
 def test_only_pooled_models_need_a_generate_worker(settings):
-    from workers.health import pooled_models
+    from gymflow.workers.health import pooled_models
 
     assert pooled_models(settings, ["policy", "pooled", "not-configured"]) == ["pooled"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-
-from workers.local_stack import LocalStack
+from gymflow.workers.local_stack import LocalStack
 
 
 def test_taken_temporal_port_is_a_clear_error(tmp_path):

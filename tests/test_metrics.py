@@ -18,17 +18,17 @@ import httpx
 import pytest
 import pytest_asyncio
 import yaml
+from gymflow.activities import metrics as rollout_metrics
+from gymflow.workers import metrics
+from gymflow.workers.local_stack import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities import metrics as rollout_metrics
 from gymflow.testing.scripted_openai import context_length_error, text, tool_call
 from tests.conftest import ROOT
 from tests.helpers import weather_task
-from workers import metrics
-from workers.local_stack import free_port
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "gymflow-dashboard.json"

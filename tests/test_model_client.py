@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 import openai
-
-from activities.model_client import classify, retry_after_seconds
+from gymflow.activities.model_client import classify, retry_after_seconds
 
 
 def _err(cls, status, message, headers=None, code=None):

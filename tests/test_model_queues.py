@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gymflow.workers.health import idle_pools
+from gymflow.workers.pools import served_models
 from rich.console import Console
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
@@ -28,8 +30,6 @@ from gymflow.kernel.errors import ConfigError
 from gymflow.kernel.wire import rollout_id
 from tests.conftest import ROOT
 from tests.helpers import user_task
-from workers.health import idle_pools
-from workers.pools import served_models
 
 MODELS = ("qa", "qb", "qc")  # qa and qb get a worker each; qc none
 

@@ -18,16 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
+from gymflow.activities.env_activities import run_tool_call, verify_episode
+from gymflow.environments.base import VerifyContext
+from gymflow.environments.nemo_gym import NemoGymEnvironment
+from gymflow.environments.nemo_gym_http import url_env_var
+from gymflow.workers.local_stack import free_port
 
-from activities.env_activities import run_tool_call, verify_episode
-from environments.base import VerifyContext
-from environments.nemo_gym import NemoGymEnvironment
-from environments.nemo_gym_http import url_env_var
 from gymflow.kernel.datasets import row_to_task
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.prepare import conversation_key
 from tests.conftest import SHARED
-from workers.local_stack import free_port
 
 PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or "/work/nemo313/bin/python"
 # server name -> its config beyond entrypoint/host/port (NeMo Gym's own yaml values; no judge for math)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from gymflow.environments.one_word import OneWordEnvironment, OneWordTask, score_reply
+from gymflow.environments.registry import get_environment
 
-from environments.one_word import OneWordEnvironment, OneWordTask, score_reply
-from environments.registry import get_environment
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.wire import ChatMessage, Task
 

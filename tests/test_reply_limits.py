@@ -66,7 +66,7 @@ async def test_a_model_echoing_its_api_key_has_it_redacted_in_the_store(gf, scri
 
 
 def test_the_redactor_replaces_longest_secrets_first_and_ignores_short_values():
-    from activities.redact import Redactor
+    from gymflow.activities.redact import Redactor
 
     r = Redactor({"A": "secret-value-1234", "B": "secret-value-1234-and-more", "C": "short"})
     assert r.text("x secret-value-1234-and-more y secret-value-1234 z short") == \

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
+from gymflow.environments.base import Environment, TaskData
+from gymflow.environments.registry import available
 
-from environments.base import Environment, TaskData
-from environments.registry import available
 from gymflow.cli.data_cmd import data
 from gymflow.kernel import routing
 from gymflow.kernel.datasets import load_jsonl, row_to_task
@@ -113,12 +113,13 @@ def test_clean_rows_import_no_other_environment() -> None:
     code = ("import sys; from gymflow.kernel.datasets import load_jsonl\n"
             f"t, e = load_jsonl({str(OWN_ROWS['math_with_judge'])!r}, env='math_with_judge')\n"
             "assert len(t) == 5 and not e\n"
-            "print(sorted(m for m in sys.modules if m.startswith('environments.') and m != 'environments.base'))\n"
+            "print(sorted(m for m in sys.modules\n"
+            "             if m.startswith('gymflow.environments.') and m != 'gymflow.environments.base'))\n"
             f"t, e = load_jsonl({str(OWN_ROWS['calendar'])!r}, env='math_with_judge')\n"
-            "print('environments.reasoning_gym_env' in sys.modules, len(e))\n")
+            "print('gymflow.environments.reasoning_gym_env' in sys.modules, len(e))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     first, second = out.stdout.strip().splitlines()
-    assert first == "['environments.math_with_judge', 'environments.registry']"
+    assert first == "['gymflow.environments.math_with_judge', 'gymflow.environments.registry']"
     assert second == "True 5"
 
 

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from environments import sandbox as sandbox_module
-from environments.sandbox import (
+from gymflow.environments import sandbox as sandbox_module
+from gymflow.environments.sandbox import (
     NOBODY,
     BubblewrapSandbox,
     Limits,

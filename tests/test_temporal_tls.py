@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+from gymflow.workers import connect
+from gymflow.workers.connect import TemporalUnreachable, connect_configured, temporal_options
 from temporalio.service import TLSConfig
 
 from gymflow.client import GymflowClient
@@ -24,8 +26,6 @@ from gymflow.kernel.errors import ConfigError
 from tests.conftest import ROOT
 from tests.helpers import user_task
 from tests.tls_support import Certs, TLSProxy, make_certs, openssl
-from workers import connect
-from workers.connect import TemporalUnreachable, connect_configured, temporal_options
 
 TEMPORAL_KEY = "tmprl-test-" + uuid.uuid4().hex  # must never show up in logs, messages or reprs
 NO_SDK_ENV = {"TEMPORAL_CONFIG_FILE": "/nonexistent/temporal.toml"}  # keep a developer's profile out of it

@@ -11,13 +11,13 @@ import time
 
 import psutil
 import yaml
+from gymflow.workers.local_stack import free_port
 
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import load_settings
 from gymflow.testing.scripted_openai import text, tool_call
 from tests.conftest import ROOT
 from tests.helpers import weather_task
-from workers.local_stack import free_port
 
 
 async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):

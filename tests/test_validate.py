@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from gymflow.environments.registry import available, get_environment
 
-from environments.registry import available, get_environment
 from gymflow.kernel.datasets import load_jsonl
 from tests.conftest import SHARED
 

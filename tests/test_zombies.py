@@ -35,7 +35,7 @@ ZOMBIES = textwrap.dedent("""
 
 RUNNER = ZOMBIES + textwrap.dedent("""
     import asyncio, time
-    from environments.sandbox import Limits, get_sandbox
+    from gymflow.environments.sandbox import Limits, get_sandbox
 
     async def main():
         sb = get_sandbox()

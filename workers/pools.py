@@ -20,7 +20,7 @@ from gymflow.kernel.errors import ConfigError
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
 
 if TYPE_CHECKING:
-    from activities.env_processes import EnvProcesses
+    from gymflow.activities.env_processes import EnvProcesses
 
 Pool = Literal["workflows", "env", "generate", "all"]
 POOLS: tuple[str, ...] = ("workflows", "env", "generate")
@@ -60,7 +60,7 @@ def workflow_runner() -> SandboxedWorkflowRunner | UnsandboxedWorkflowRunner:
 def _env_processes(out: PoolWorkers) -> EnvProcesses:
     """The supervised processes environment code runs in (activities/env_processes.py), shared by this process's
     workflow and env workers; closed (bounded) after they stop."""
-    from activities.env_processes import EnvProcesses
+    from gymflow.activities.env_processes import EnvProcesses
 
     processes = EnvProcesses()
     processes.start()
@@ -72,10 +72,10 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
                      processes: EnvProcesses | None) -> Worker:
     """Workflows, plus the environment-side steps of environments placed "local" (environments/base.py), which
     run here as local activities: this pool reaches Postgres too."""
-    from activities.episode import EpisodeActivities
-    from activities.model_client import ModelClients
-    from activities.redact import Redactor
-    from workflows.episode import EpisodeWorkflow
+    from gymflow.activities.episode import EpisodeActivities
+    from gymflow.activities.model_client import ModelClients
+    from gymflow.activities.redact import Redactor
+    from gymflow.workflows.episode import EpisodeWorkflow
 
     engine = make_engine(database_url, pre_ping=False)  # activities retry every statement
     out.closers.append(engine.dispose)
@@ -135,15 +135,15 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
     out.closers.append(engine.dispose)
     sessions = make_sessionmaker(engine)
 
-    from activities.episode import EpisodeActivities
-    from activities.model_client import ModelClients
-    from activities.redact import Redactor
+    from gymflow.activities.episode import EpisodeActivities
+    from gymflow.activities.model_client import ModelClients
+    from gymflow.activities.redact import Redactor
 
     models = ModelClients(settings.models)
     out.closers.append(models.close)
     redactor = Redactor.from_settings(settings)  # the worker's secrets, kept out of stored messages
     if "env" in wanted:
-        from environments.sandbox import describe_limits
+        from gymflow.environments.sandbox import describe_limits
 
         logging.getLogger(__name__).info("env pool: %s", describe_limits())  # what binds code_gen's programs
 

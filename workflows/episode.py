@@ -15,6 +15,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from gymflow.workflows.options import activity_options, failure_of, local_activity_options, should_continue_as_new
+
     from gymflow.kernel import names
     from gymflow.kernel.episode_wire import (
         BeginRequest,
@@ -32,7 +34,6 @@ with workflow.unsafe.imports_passed_through():
         with_tools,
     )
     from gymflow.kernel.wire import ActivityLimits, RolloutSummary
-    from workflows.options import activity_options, failure_of, local_activity_options, should_continue_as_new
 
 R = TypeVar("R")
 

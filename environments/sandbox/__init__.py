@@ -40,10 +40,10 @@ used only when bwrap is missing and the caller opted in, with `get_sandbox(allow
 
 from __future__ import annotations
 
-from environments.sandbox.contract import Sandbox
-from environments.sandbox.report import describe_limits
-from environments.sandbox.runners import BubblewrapSandbox, UnsandboxedRunner, default_python, get_sandbox
-from environments.sandbox.types import (
+from gymflow.environments.sandbox.contract import Sandbox
+from gymflow.environments.sandbox.report import describe_limits
+from gymflow.environments.sandbox.runners import BubblewrapSandbox, UnsandboxedRunner, default_python, get_sandbox
+from gymflow.environments.sandbox.types import (
     MISSING_BWRAP,
     NOBODY,
     PYTHON_ENV,

@@ -7,9 +7,9 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from typing import ClassVar
 
-from environments.sandbox.cgroups import RunCgroup
-from environments.sandbox.execution import _Channels, _classify, _shielded, _Spawn
-from environments.sandbox.types import Limits, SandboxResult, _Staged
+from gymflow.environments.sandbox.cgroups import RunCgroup
+from gymflow.environments.sandbox.execution import _Channels, _classify, _shielded, _Spawn
+from gymflow.environments.sandbox.types import Limits, SandboxResult, _Staged
 
 
 class Sandbox(ABC):

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.sandbox.reaper import become_subreaper, reap_init
-from environments.sandbox.types import _CHUNK, _MEMORY_MARKERS, Limits, SandboxResult, SandboxStatus, _Run
+from gymflow.environments.sandbox.reaper import become_subreaper, reap_init
+from gymflow.environments.sandbox.types import _CHUNK, _MEMORY_MARKERS, Limits, SandboxResult, SandboxStatus, _Run
 
 _TEARDOWN_S = 10.0  # after the kill, how long the pipes may take to reach EOF
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 
-from environments.sandbox.cgroups import probe
-from environments.sandbox.seccomp_filter import DENIED, seccomp_unavailable
-from environments.sandbox.types import UNSAFE_ENV
+from gymflow.environments.sandbox.cgroups import probe
+from gymflow.environments.sandbox.seccomp_filter import DENIED, seccomp_unavailable
+from gymflow.environments.sandbox.types import UNSAFE_ENV
 
 
 def describe_limits() -> str:

@@ -12,11 +12,11 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from environments.sandbox.cgroups import RunCgroup
-from environments.sandbox.cgroups import probe as cgroups_probe
-from environments.sandbox.contract import Sandbox, _as_bytes
-from environments.sandbox.seccomp_filter import filter_fd, seccomp_unavailable
-from environments.sandbox.types import (
+from gymflow.environments.sandbox.cgroups import RunCgroup
+from gymflow.environments.sandbox.cgroups import probe as cgroups_probe
+from gymflow.environments.sandbox.contract import Sandbox, _as_bytes
+from gymflow.environments.sandbox.seccomp_filter import filter_fd, seccomp_unavailable
+from gymflow.environments.sandbox.types import (
     _BOOTSTRAP,
     _ENV,
     _ETC_FILES,

@@ -1,5 +1,5 @@
 """NeMo Gym's workplace assistant: multi-step tool use over a simulated company, verified by state."""
 
-from environments.workplace_assistant.env import WorkplaceAssistantEnvironment, WorkplaceTask
+from gymflow.environments.workplace_assistant.env import WorkplaceAssistantEnvironment, WorkplaceTask
 
 __all__ = ["WorkplaceAssistantEnvironment", "WorkplaceTask"]

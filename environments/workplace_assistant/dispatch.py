@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 # Importing the tool modules registers their tools.
-from environments.workplace_assistant import (  # noqa: F401
+from gymflow.environments.workplace_assistant import (  # noqa: F401
     tools_analytics,
     tools_calendar,
     tools_crm,
@@ -15,8 +15,9 @@ from environments.workplace_assistant import (  # noqa: F401
     tools_email,
     tools_project,
 )
-from environments.workplace_assistant.registry import TOOLS, ToolDef
-from environments.workplace_assistant.world import World, pristine
+from gymflow.environments.workplace_assistant.registry import TOOLS, ToolDef
+from gymflow.environments.workplace_assistant.world import World, pristine
+
 from gymflow.kernel.errors import ToolError
 
 Call = Sequence[Any]  # [name, args]: one applied mutating call, as kept in episode state

@@ -13,12 +13,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext
+from gymflow.environments.workplace_assistant.dispatch import Call, clean_args, parse_arguments, replay, run, spec
+from gymflow.environments.workplace_assistant.verify import mismatched_tables
+from gymflow.environments.workplace_assistant.world import data_dir
 from pydantic import BaseModel, ConfigDict
 
-from environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext
-from environments.workplace_assistant.dispatch import Call, clean_args, parse_arguments, replay, run, spec
-from environments.workplace_assistant.verify import mismatched_tables
-from environments.workplace_assistant.world import data_dir
 from gymflow.kernel.errors import ConfigError, ToolError, VerifierError
 from gymflow.kernel.responses_format import tool_to_spec
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec

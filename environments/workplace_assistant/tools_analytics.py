@@ -6,9 +6,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from environments.workplace_assistant.common import fail
-from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import Row, World
+from gymflow.environments.workplace_assistant.common import fail
+from gymflow.environments.workplace_assistant.registry import tool
+from gymflow.environments.workplace_assistant.world import Row, World
 
 OWNER = "AnalyticsTool"
 T = "analytics"

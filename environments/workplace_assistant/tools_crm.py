@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from environments.workplace_assistant.common import contains, fail, paginate, records, text_at_least, text_at_most
-from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import World, delete_record
+from gymflow.environments.workplace_assistant.common import (
+    contains,
+    fail,
+    paginate,
+    records,
+    text_at_least,
+    text_at_most,
+)
+from gymflow.environments.workplace_assistant.registry import tool
+from gymflow.environments.workplace_assistant.world import World, delete_record
 
 OWNER = "CustomerRelationshipManagerTool"
 T, ID = "crm", "customer_id"

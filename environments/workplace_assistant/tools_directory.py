@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from environments.workplace_assistant.common import contains, fail
-from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import World
+from gymflow.environments.workplace_assistant.common import contains, fail
+from gymflow.environments.workplace_assistant.registry import tool
+from gymflow.environments.workplace_assistant.world import World
 
 
 @tool("company_directory_find_email_address", "CompanyDirectoryTool")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from environments.workplace_assistant.common import fail, paginate, parse_ts, records
-from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import World, delete_record
+from gymflow.environments.workplace_assistant.common import fail, paginate, parse_ts, records
+from gymflow.environments.workplace_assistant.registry import tool
+from gymflow.environments.workplace_assistant.world import World, delete_record
 
 OWNER = "EmailTool"
 T, ID = "emails", "email_id"

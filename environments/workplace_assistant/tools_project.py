@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from environments.workplace_assistant.common import contains, fail, records
-from environments.workplace_assistant.registry import tool
-from environments.workplace_assistant.world import Row, World, delete_record
+from gymflow.environments.workplace_assistant.common import contains, fail, records
+from gymflow.environments.workplace_assistant.registry import tool
+from gymflow.environments.workplace_assistant.world import Row, World, delete_record
 
 OWNER = "ProjectManagementTool"
 T, ID = "tasks", "task_id"

@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from environments.workplace_assistant.dispatch import Call, run
-from environments.workplace_assistant.world import Row, World, pristine
+from gymflow.environments.workplace_assistant.dispatch import Call, run
+from gymflow.environments.workplace_assistant.world import Row, World, pristine
+
 from gymflow.kernel.errors import ToolError
 
 # (tool-name prefix, table, id column); analytics' state is the list of plots, which has no ids.

@@ -18,7 +18,7 @@ from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.names import generate_queue
 from gymflow.kernel.wire import SamplingParams
-from workers.health import idle_pools, pooled_models
+from gymflow.workers.health import idle_pools, pooled_models
 
 
 def default_run_id(dataset: str, env: str | None, model: str, n: int) -> str:

@@ -20,7 +20,7 @@ def env() -> None:
 @env.command("list")
 def list_envs() -> None:
     """List installed environments (entry-point group `gymflow.environments`)."""
-    from environments.registry import available
+    from gymflow.environments.registry import available
 
     table = Table("name", "implementation")
     for name, target in available().items():
@@ -34,8 +34,8 @@ def list_envs() -> None:
               show_default=True, help="Folder to create the package in (as DIR/NAME).")
 def new_env(name: str, parent: Path) -> None:
     """Write a working environment plug-in package NAME: its module, entry point, tests and example data."""
-    from environments.registry import available
     from gymflow.authoring.scaffold import new_environment
+    from gymflow.environments.registry import available
 
     try:
         target = new_environment(name, parent, set(available()))
@@ -57,8 +57,8 @@ def new_env(name: str, parent: Path) -> None:
 def check_env(name: str, data: str, timeout_s: float) -> None:
     """Check every row of DATA against environment NAME: parse, validate (the gold answer scores 1), a scripted
     episode through the real tool and verify code, and a hostile reply. Reports by line; exit 1 if any fails."""
-    from environments.registry import get_environment
     from gymflow.authoring.checker import check_file
+    from gymflow.environments.registry import get_environment
 
     try:
         environment = get_environment(name)

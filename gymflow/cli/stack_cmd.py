@@ -12,7 +12,7 @@ import click
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
 from gymflow.kernel.config import Settings
-from workers.local_stack import LocalStack
+from gymflow.workers.local_stack import LocalStack
 
 
 @click.command()
@@ -30,7 +30,7 @@ def worker(pool: str, config_path: str | None, metrics_bind: str | None, models:
     """Run one worker pool until SIGTERM (in-flight work finishes first).
 
     At start it waits for Postgres and Temporal, up to $GYMFLOW_STARTUP_WAIT_S (default 300 s)."""
-    from workers.run_pool import run_pool
+    from gymflow.workers.run_pool import run_pool
 
     setup_logging(verbose)
     served = models.split(",") if models is not None else None
@@ -45,7 +45,7 @@ def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subpr
 
 
 def start_stack(settings: Settings, headless: bool = False, codec_endpoint: str | None = None) -> LocalStack:
-    from workers.connect import stack_file
+    from gymflow.workers.connect import stack_file
 
     stack = LocalStack(settings.state_dir, temporal_address=settings.temporal.address,
                        database_url=settings.database.url, port=settings.temporal.port,
@@ -57,7 +57,7 @@ def start_stack(settings: Settings, headless: bool = False, codec_endpoint: str 
 
 def stop_all(procs: list[subprocess.Popen], stack: LocalStack, settings: Settings) -> None:
     """Pools first (SIGTERM lets in-flight work finish; kill after 40 s), then what the stack started."""
-    from workers.connect import stack_file
+    from gymflow.workers.connect import stack_file
 
     for proc in procs:
         proc.send_signal(signal.SIGTERM)

@@ -22,7 +22,7 @@ from gymflow.kernel.errors import TaskError
 from gymflow.kernel.wire import Task
 
 if TYPE_CHECKING:
-    from environments.base import Environment
+    from gymflow.environments.base import Environment
 
 # Fields every row may carry whatever its environment: the prompt, routing, and NeMo Gym's rollout
 # bookkeeping (a joined replay row keeps them). Fields starting with `_` (`_ng_task_index`) are ignored too.
@@ -47,7 +47,7 @@ def is_rollout_row(task: Task) -> bool:
 @cache
 def _environment(name: str) -> Environment | None:
     """The installed environment, or None when it is not installed or will not load (routing only advises)."""
-    from environments.registry import get_environment
+    from gymflow.environments.registry import get_environment
 
     try:
         return get_environment(name)
@@ -57,7 +57,7 @@ def _environment(name: str) -> Environment | None:
 
 @cache
 def _installed() -> tuple[str, ...]:
-    from environments.registry import available
+    from gymflow.environments.registry import available
 
     return tuple(available())
 

@@ -8,8 +8,8 @@ import os
 import uuid
 
 import pytest
+from gymflow.environments.sandbox import BubblewrapSandbox, Limits, SandboxResult
 
-from environments.sandbox import BubblewrapSandbox, Limits, SandboxResult
 from tests.security import requires_bwrap
 from tests.security.corpus import PROGRAMS, ran_marker
 

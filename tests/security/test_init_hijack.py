@@ -14,8 +14,8 @@ import uuid
 
 import psutil
 import pytest
+from gymflow.environments.sandbox import BubblewrapSandbox, Limits, SandboxStatus
 
-from environments.sandbox import BubblewrapSandbox, Limits, SandboxStatus
 from tests.security import requires_bwrap
 
 pytestmark = requires_bwrap

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from gymflow.environments.code_gen import CodeGenEnvironment
+from gymflow.environments.sandbox import BubblewrapSandbox, Limits, SandboxStatus, UnsandboxedRunner, cgroups, execution
+from gymflow.environments.sandbox import report as report_module
+from gymflow.environments.sandbox.cgroups import Probe
 
-from environments.code_gen import CodeGenEnvironment
-from environments.sandbox import BubblewrapSandbox, Limits, SandboxStatus, UnsandboxedRunner, cgroups, execution
-from environments.sandbox import report as report_module
-from environments.sandbox.cgroups import Probe
 from tests.security import requires_bwrap
 
 pytestmark = requires_bwrap

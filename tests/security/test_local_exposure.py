@@ -17,13 +17,13 @@ from urllib.parse import parse_qs, urlparse
 
 import psutil
 import pytest
+from gymflow.workers import metrics
+from gymflow.workers.local_stack import LocalStack, StackAddresses, free_port, private_file
 
 from gymflow.codec.server import CodecServer
 from gymflow.http_service import listen_host
 from gymflow.kernel.errors import ConfigError
 from gymflow.testing.scripted_openai import ScriptedOpenAI
-from workers import metrics
-from workers.local_stack import LocalStack, StackAddresses, free_port, private_file
 
 LOOPBACKS = {"127.0.0.1", "::1"}
 
