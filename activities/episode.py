@@ -75,6 +75,7 @@ from gymflow.kernel.store.episodes import (
     save_task_tools,
     started_and_produced,
 )
+from gymflow.kernel.store.policy_versions import PolicyCache, reported_version
 from gymflow.kernel.store.repo import Conn, mark_rollout_started
 from gymflow.kernel.wire import (
     ChatMessage,
@@ -87,7 +88,6 @@ from gymflow.kernel.wire import (
     Usage,
     not_run_message,
 )
-from gymflow.training.policy import PolicyCache, reported_version
 
 # Tasks are immutable per (run, task id): cache them per worker process. The samples of a task (GRPO's group)
 # run close together, so the cache need only cover the tasks in flight; a larger one only grows the process

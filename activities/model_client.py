@@ -102,7 +102,7 @@ class Completion(_Lax):
     choices: list[CompletionChoice] = Field(min_length=1)
     usage: _Usage | None = None
     prompt_token_ids: list[int] | None = None
-    policy_version: Any = None  # a server's own weights tag (local model server); checked in training/policy.py
+    policy_version: Any = None  # a server's own weights tag; checked in kernel/store/policy_versions.py
 
 
 def bad_response(model: str, why: str) -> ApplicationError:

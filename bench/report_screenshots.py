@@ -21,20 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gymflow.workers.connect import connect_temporal
 from gymflow.workers.local_stack import LocalStack, free_port
 from gymflow.workers.pools import build_pool
 from rich.console import Console
 
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import load_settings
+from gymflow.kernel.connect import connect_temporal
 from gymflow.kernel.wire import ChatMessage, Task
 from gymflow.reports.data import load_run, make_linker, store_session
 from gymflow.reports.html import render_html
 from gymflow.reports.stats import compare_runs
 from gymflow.reports.text import render_report
+from gymflow.testing.screenshot import screenshot
 from gymflow.testing.scripted_openai import Reply, ScriptedOpenAI, context_length_error, http_error, text, tool_call
-from tests.test_report_html import screenshot
 
 SKILL = {"model-a": 0.0, "model-b": 0.15}  # B calls the tool 15 points more often on every task
 FAIL = {"model-a": 0.06, "model-b": 0.03}

@@ -20,7 +20,7 @@ from gymflow.environments.reasoning_gym_env import make_tasks
 
 from bench.stack import MOCK_PROCESSES, BenchStack
 from gymflow.client import GymflowClient
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.wire import Task
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "nemo_gym"

@@ -108,7 +108,7 @@ class Environment(ABC, Generic[T]):
     def warm_up(self) -> None:
         """Import or build what calls will need, once per supervised process, before any call's clock starts."""
     # Row fields beyond `task_type`'s own that this environment's rows carry (NeMo Gym rows bring extras such as
-    # `uuid`). Routing (gymflow/kernel/routing.py) compares the fields each environment knows to catch a row sent
+    # `uuid`). Routing (gymflow/data/routing.py) compares the fields each environment knows to catch a row sent
     # to the wrong one, so list the fields that tell your rows apart.
     row_fields: ClassVar[tuple[str, ...]] = ()
 

@@ -75,7 +75,7 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
     in_loop_reason = "its work is async HTTP to NeMo Gym's resources servers, processes of their own"
 
     # A nemo_gym row is any NeMo Gym row plus `resources_server`: routing must not send a math row here to
-    # `math_with_judge` (gymflow/kernel/routing.py).
+    # `math_with_judge` (gymflow/data/routing.py).
     accepts_any_row = True
 
     def parse_task(self, task: Task) -> NemoGymTask:

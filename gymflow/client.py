@@ -38,6 +38,15 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gymflow.kernel import failures, names
 from gymflow.kernel.config import Settings
+from gymflow.kernel.connect import (
+    TemporalUnreachable,
+    connect_temporal,
+    quiet_runtime,
+    resolve_addresses,
+    seconds_from_env,
+    startup_wait_s,
+    temporal_options,
+)
 from gymflow.kernel.episode_wire import episode_input
 from gymflow.kernel.errors import ConfigError, GymflowError
 from gymflow.kernel.limits import MAX_RUN_ID_BYTES
@@ -53,15 +62,6 @@ from gymflow.kernel.store.episodes import save_tasks
 from gymflow.kernel.store.repo import save_rollout, upsert_run
 from gymflow.kernel.store.reports import run_report
 from gymflow.kernel.wire import RolloutInput, RolloutRecord, RolloutSummary, SamplingParams, Task
-from gymflow.workers.connect import (
-    TemporalUnreachable,
-    connect_temporal,
-    quiet_runtime,
-    resolve_addresses,
-    seconds_from_env,
-    startup_wait_s,
-    temporal_options,
-)
 
 # started/attached: ran (or finished) during this call; finished: was already done; rejected: Temporal
 # refused to start it (recorded as a `start_rejected` failure).
@@ -355,7 +355,7 @@ class GymflowClient:
 
     async def in_store(self, work: Callable[[AsyncSession], Awaitable[T]], what: str) -> T:
         """`work` in one transaction, waiting (bounded) for an unreachable Postgres; e.g. the trainer iterator's
-        policy-version reads and writes (gymflow/training/policy.py)."""
+        policy-version reads and writes (gymflow/kernel/store/policy_versions.py)."""
         out: list[T] = []
 
         async def write() -> None:

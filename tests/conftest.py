@@ -16,12 +16,12 @@ import psycopg
 import pytest
 import pytest_asyncio
 import yaml
-from gymflow.workers.connect import connect_temporal
 from gymflow.workers.local_stack import LocalStack, StackAddresses, free_port
 from gymflow.workers.pools import build_pool
 
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import Settings, load_settings
+from gymflow.kernel.connect import connect_temporal
 from gymflow.testing.scripted_openai import ScriptedOpenAI
 
 ROOT = Path(__file__).resolve().parents[1]

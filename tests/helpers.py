@@ -11,7 +11,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from gymflow.client import GymflowClient
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.wire import ChatMessage, Task
 from tests.conftest import SHARED
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gymflow.prepare import join_rollouts
+from gymflow.data.prepare import join_rollouts
 from tests.conftest import SHARED
 
 # data folder -> environment

@@ -23,9 +23,9 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
-from gymflow.workers.connect import connect_temporal
 from gymflow.workers.local_stack import LocalStack, free_port, port_in_use, wait_for_port
 
+from gymflow.kernel.connect import connect_temporal
 from gymflow.kernel.failures import FAILURE_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]

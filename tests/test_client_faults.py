@@ -17,7 +17,6 @@ import time
 import psycopg
 import pytest
 import yaml
-from gymflow.workers.connect import connect_temporal
 from gymflow.workers.local_stack import LocalStack, free_port
 from gymflow.workers.pools import build_pool
 from rich.console import Console
@@ -29,6 +28,7 @@ from gymflow.cli.collect_cmd import collect_dataset
 from gymflow.cli.progress import Tally
 from gymflow.client import CollectResult, GymflowClient, _summary_from_failure, is_transient
 from gymflow.kernel.config import ModelConfig
+from gymflow.kernel.connect import connect_temporal
 from gymflow.kernel.failures import FAILURE_TYPES
 from gymflow.kernel.store.db import DatabaseUnreachable, migrate_when_reachable
 from gymflow.kernel.wire import RolloutInput, RolloutSummary
@@ -91,7 +91,7 @@ async def test_unreachable_postgres_is_retried_then_a_clear_error_without_the_pa
 
 
 async def test_unreachable_temporal_is_announced_then_a_clear_error():
-    from gymflow.workers.connect import TemporalUnreachable
+    from gymflow.kernel.connect import TemporalUnreachable
 
     notes: list[str] = []
     address = f"127.0.0.1:{free_port()}"

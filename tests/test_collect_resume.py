@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from tests.helpers import WEATHER_DATASET
 
 

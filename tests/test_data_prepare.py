@@ -71,7 +71,7 @@ def test_prepare_never_writes_onto_its_input(tmp_path):
 
 
 def test_prepare_writes_its_output_whole_or_not_at_all(tmp_path, monkeypatch):
-    import gymflow.prepare as prep
+    import gymflow.data.prepare as prep
 
     src, out = tmp_path / "d.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(row(str(i)) for i in range(5)) + "\n")

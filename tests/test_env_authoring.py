@@ -19,7 +19,7 @@ from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, V
 from gymflow.authoring.checker import CheckFailed, check_task
 from gymflow.authoring.schema_args import example_value
 from gymflow.cli.env_cmd import env as env_group
-from gymflow.kernel.datasets import row_to_task
+from gymflow.data.datasets import row_to_task
 from gymflow.kernel.errors import VerifierError
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Score, Task, ToolCall, ToolSpec
 from tests.conftest import SHARED

@@ -12,7 +12,7 @@ import pytest
 from gymflow.environments.base import VerifyContext
 from gymflow.environments.calendar import CalendarEnvironment, extract_json_list, gold_calendar, to_minutes
 
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Task, ToolCall

@@ -11,7 +11,7 @@ from gymflow.environments.base import VerifyContext
 from gymflow.environments.code_gen import CodeGenEnvironment, CodeGenTask, compare_output, extract_code
 from gymflow.environments.sandbox import Limits, Sandbox, SandboxResult, SandboxStatus, SandboxUnavailable
 
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task
 from tests.conftest import SHARED

@@ -13,7 +13,7 @@ import pytest
 from gymflow.environments.base import VerifyContext
 from gymflow.environments.equivalence_llm_judge import EquivalenceLLMJudgeEnvironment, extract, parse_verdict
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.failures import CONFIG_ERROR, JUDGE_FAILED, JUDGE_UNAVAILABLE
 from gymflow.kernel.wire import ChatMessage, Task

@@ -14,7 +14,7 @@ from gymflow.environments.base import VerifyContext
 from gymflow.environments.instruction_following import InstructionFollowingEnvironment, loose_variants
 from gymflow.environments.instruction_following_checks import CHECKS
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.wire import ChatMessage, Task
 

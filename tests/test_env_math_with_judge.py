@@ -24,7 +24,7 @@ from gymflow.environments.math_with_judge import (
     library_check,
 )
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import GymflowError, VerifierError
 from gymflow.kernel.failures import VERIFIER_FAILED, VERIFIER_TIMEOUT
 from gymflow.kernel.responses_format import input_to_messages

@@ -11,7 +11,7 @@ from gymflow.environments.base import VerifyContext
 from gymflow.environments.mcqa import MCQAEnvironment
 from gymflow.environments.mcqa_extract import boxed_inner, strip_text_wrappers
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError, VerifierError
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Task, ToolCall

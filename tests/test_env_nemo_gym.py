@@ -20,10 +20,10 @@ from gymflow.environments.base import VerifyContext
 from gymflow.environments.nemo_gym_responses import items
 from gymflow.environments.registry import get_environment
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
+from gymflow.data.routing import route_problem
 from gymflow.kernel.errors import ConfigError, TaskError, ToolError, VerifierError
 from gymflow.kernel.responses_format import input_to_messages
-from gymflow.kernel.routing import route_problem
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Task, ToolCall
 from tests.conftest import SHARED
 

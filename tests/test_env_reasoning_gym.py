@@ -16,7 +16,7 @@ from gymflow.environments.reasoning_gym_env import (
     write_jsonl,
 )
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.failures import VERIFIER_FAILED
 from gymflow.kernel.wire import ChatMessage, Task

@@ -16,7 +16,7 @@ from gymflow.environments.workplace_assistant.common import contains
 from gymflow.environments.workplace_assistant.dispatch import replay
 from gymflow.environments.workplace_assistant.world import DEFAULT_DIRECTORY, ENV_VAR, pristine
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import ConfigError, ToolError
 from tests.conftest import SHARED
 from tests.workplace_gold import GOLD_FOR_ROLLOUTS

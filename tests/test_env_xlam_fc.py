@@ -11,7 +11,7 @@ from gymflow.activities.recorded import split_turns
 from gymflow.environments.base import VerifyContext
 from gymflow.environments.xlam_fc import XlamFcEnvironment
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Task, ToolCall, ToolSpec

@@ -7,7 +7,7 @@ import json
 from gymflow.environments.calendar import CalendarEnvironment, gold_calendar
 from gymflow.environments.reasoning_gym_env import ReasoningGymEnvironment, entry_for, make_tasks
 
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from gymflow.testing.scripted_openai import text, tool_call
 from tests.conftest import SHARED
 

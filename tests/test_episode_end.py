@@ -13,7 +13,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from gymflow.client import GymflowClient
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.wire import ChatMessage, RolloutSummary, Task
 from gymflow.testing.scripted_openai import Reply, text, tool_call
 from tests.faulty_env import ENDING_NAME, ending_env  # noqa: F401 - ending_env is a fixture

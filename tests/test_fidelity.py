@@ -18,7 +18,7 @@ from gymflow.environments.base import VerifyContext
 from gymflow.environments.math_with_judge import MathWithJudgeEnvironment, judge_messages, last_boxed
 from gymflow.environments.reasoning_gym_env import ReasoningGymEnvironment, extract_final_answer, first_boxed
 
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data.datasets import load_jsonl, row_to_task
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.kernel.wire import ChatMessage, Task
 from tests.conftest import SHARED

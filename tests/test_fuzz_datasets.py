@@ -24,8 +24,8 @@ from rich.console import Console
 
 from gymflow.cli.collect_cmd import collect_dataset
 from gymflow.cli.data_cmd import data
+from gymflow.data.prepare import prepare
 from gymflow.kernel.limits import MAX_JSON_DEPTH, MAX_ROW_BYTES, MAX_TASK_ID_BYTES
-from gymflow.prepare import prepare
 
 ENV = "single_tool"  # takes any prompt and needs no verifier fields
 STEM = "data"

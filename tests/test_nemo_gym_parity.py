@@ -24,9 +24,9 @@ from gymflow.environments.nemo_gym import NemoGymEnvironment
 from gymflow.environments.nemo_gym_http import url_env_var
 from gymflow.workers.local_stack import free_port
 
-from gymflow.kernel.datasets import row_to_task
+from gymflow.data.datasets import row_to_task
+from gymflow.data.prepare import conversation_key
 from gymflow.kernel.responses_format import input_to_messages
-from gymflow.prepare import conversation_key
 from tests.conftest import SHARED
 
 PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or "/work/nemo313/bin/python"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from tests.parity import ENVS, recorded_model
 
 

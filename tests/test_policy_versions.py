@@ -1,4 +1,4 @@
-"""Policy versions (gymflow/training/policy.py): declarations, and every turn stamped with the one that made it."""
+"""Policy versions (gymflow/kernel/store/policy_versions.py): declarations, and every turn stamped with its version."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from gymflow.kernel.errors import ConfigError
-from gymflow.testing.scripted_openai import completion_json, text, tool_call
-from gymflow.training.policy import (
+from gymflow.kernel.store.policy_versions import (
     MAX_VERSION_CHARS,
     Current,
     PolicyCache,
-    declare_policy_version,
     reported_version,
     set_policy_version,
 )
+from gymflow.testing.scripted_openai import completion_json, text, tool_call
+from gymflow.training.policy import declare_policy_version
 from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
 
 

@@ -4,12 +4,8 @@ headless Chromium: a page that renders blank or broken fails here, not in a read
 from __future__ import annotations
 
 import base64
-import os
 import random
 import re
-import shutil
-import subprocess
-import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +17,7 @@ from gymflow.reports.data import RunData, workflow_url
 from gymflow.reports.html import render_html
 from gymflow.reports.stats import compare_runs
 from gymflow.reports.text import render_report, render_rollout
+from gymflow.testing.screenshot import chromium, screenshot
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 LINK = "http://ui.test:8233"
@@ -118,22 +115,6 @@ def test_html_is_self_contained():
     assert not re.search(r"<script|<link|src=\"(?!data:)", page)
     assert "B &minus; A" in page and "95% CI" in page
     assert f'href="{LINK}/namespaces/default/workflows/run-a%2Ftask-' in page
-
-
-def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def screenshot(html_path: Path, png: Path, width: int = 1280, height: int = 1800) -> None:
-    """Render `html_path` with headless Chromium (flags for a closed network and a root user)."""
-    browser = chromium()
-    assert browser is not None
-    with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                        f"--screenshot={png}", html_path.resolve().as_uri()],
-                       check=True, capture_output=True, timeout=90, env={**os.environ, "HOME": profile})
 
 
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed (apt-get install chromium)")

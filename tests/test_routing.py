@@ -17,10 +17,10 @@ from gymflow.environments.base import Environment, TaskData
 from gymflow.environments.registry import available
 
 from gymflow.cli.data_cmd import data
-from gymflow.kernel import routing
-from gymflow.kernel.datasets import load_jsonl, row_to_task
+from gymflow.data import routing
+from gymflow.data.datasets import load_jsonl, row_to_task
+from gymflow.data.prepare import prepare
 from gymflow.kernel.wire import Score
-from gymflow.prepare import prepare
 from tests.conftest import SHARED
 
 FIXTURES = Path(__file__).parent / "data" / "nemo_gym"
@@ -110,7 +110,7 @@ def test_unknown_target_and_generic_fields_are_left_alone() -> None:
 
 def test_clean_rows_import_no_other_environment() -> None:
     """Routing a clean file imports the target only; a misrouted row loads the others (once)."""
-    code = ("import sys; from gymflow.kernel.datasets import load_jsonl\n"
+    code = ("import sys; from gymflow.data.datasets import load_jsonl\n"
             f"t, e = load_jsonl({str(OWN_ROWS['math_with_judge'])!r}, env='math_with_judge')\n"
             "assert len(t) == 5 and not e\n"
             "print(sorted(m for m in sys.modules\n"

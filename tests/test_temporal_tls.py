@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 from gymflow.workers import connect
-from gymflow.workers.connect import TemporalUnreachable, connect_configured, temporal_options
 from temporalio.service import TLSConfig
 
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import load_settings, settings_from_mapping
+from gymflow.kernel.connect import TemporalUnreachable, connect_configured, temporal_options
 from gymflow.kernel.errors import ConfigError
 from tests.conftest import ROOT
 from tests.helpers import user_task

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from gymflow.environments.registry import available, get_environment
 
-from gymflow.kernel.datasets import load_jsonl
+from gymflow.data.datasets import load_jsonl
 from tests.conftest import SHARED
 
 FOLDERS = {"single_tool": "example_single_tool_call", "math_with_judge": "math_with_judge", "calendar": "calendar",

@@ -14,7 +14,6 @@ import urllib.request
 from collections.abc import Iterator
 
 import gymflow.activities.metrics  # noqa: F401 - registers gymflow's rollout metrics in the served registry
-from gymflow.workers.connect import worker_logging
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +21,7 @@ from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from gymflow.http_service import listen_host
+from gymflow.kernel.connect import worker_logging
 from gymflow.kernel.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -8,17 +8,17 @@ import signal
 from collections.abc import Sequence
 
 from gymflow.workers import metrics
-from gymflow.workers.connect import (
+from gymflow.workers.pools import Pool, build_pool, served_models
+from temporalio.client import Client
+
+from gymflow.kernel.config import Settings
+from gymflow.kernel.connect import (
     connect_temporal,
     resolve_addresses,
     startup_wait_s,
     temporal_options,
     worker_runtime,
 )
-from gymflow.workers.pools import Pool, build_pool, served_models
-from temporalio.client import Client
-
-from gymflow.kernel.config import Settings
 from gymflow.kernel.store.db import migrate_when_reachable
 
 log = logging.getLogger("gymflow.worker")

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 from gymflow.activities.env_activities import run_tool_call, verify_episode
 from gymflow.authoring.schema_args import example_value
+from gymflow.data.datasets import DatasetError, ErrorLog, duplicate, iter_tasks
 from gymflow.environments.base import Environment, TaskData, VerifyContext
-from gymflow.kernel.datasets import DatasetError, ErrorLog, duplicate, iter_tasks
 from gymflow.kernel.errors import GymflowError, TaskError
 from gymflow.kernel.wire import JSON, ChatMessage, FunctionCall, Score, Task, ToolCall, ToolSpec, not_run_message
 

@@ -15,7 +15,7 @@ DEFAULT_ORIGINS = "http://localhost:8233,http://127.0.0.1:8233"  # the dev serve
 
 def codec_database_url(settings: Settings) -> str:
     """The results database: DATABASE_URL / database.url, else the one a running `gymflow up` started."""
-    from gymflow.workers.connect import stack_file
+    from gymflow.kernel.connect import stack_file
 
     if settings.database.url:
         return settings.database.url

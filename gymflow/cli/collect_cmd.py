@@ -13,8 +13,8 @@ from rich.markup import escape
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
 from gymflow.cli.progress import Tally, progress_bar, summary_table
 from gymflow.client import GymflowClient, check_collectable
+from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.config import Settings
-from gymflow.kernel.datasets import load_jsonl
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.names import generate_queue
 from gymflow.kernel.wire import SamplingParams

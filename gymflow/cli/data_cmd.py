@@ -30,7 +30,7 @@ def _stats(values: list[float]) -> str:
               help="Where the valid rows go (default: <file stem>.<env>.jsonl in the current directory).")
 def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
     """Validate FILE (JSONL; NeMo Gym rows load unchanged) for ENV and write the rows that pass."""
-    from gymflow.prepare import prepare
+    from gymflow.data.prepare import prepare
 
     target = Path(out or f"{Path(file).stem}.{env_name}.jsonl")
     try:
@@ -63,7 +63,7 @@ def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
 def join_cmd(rollouts: str, tasks: str, out: str) -> None:
     """Add each recorded rollout's task fields (matched by conversation) so it can be replayed and scored.
     Bad lines of either file are reported and skipped; the exit status is then 1."""
-    from gymflow.prepare import join
+    from gymflow.data.prepare import join
 
     try:
         report = join(rollouts, tasks, out)

@@ -135,7 +135,7 @@ async def _wait_for_pools(settings: Settings, procs: Sequence[subprocess.Popen],
                           timeout_s: float = POOLS_START_S) -> None:
     """Return once every queue the collection needs is polled. collect warns about a queue nobody polls,
     and here that would only mean that the pools this command just spawned are still starting."""
-    from gymflow.workers.connect import connect_configured
+    from gymflow.kernel.connect import connect_configured
     from gymflow.workers.health import idle_pools, pooled_models
 
     client = await connect_configured(settings, wait_s=timeout_s)

@@ -11,8 +11,8 @@ from temporalio.client import WorkflowFailureError
 
 from gymflow.cli.common import config_option, run, settings_or_exit
 from gymflow.kernel.config import Settings
+from gymflow.kernel.connect import connect_configured, quiet_runtime
 from gymflow.resume import Resumed, resume_run
-from gymflow.workers.connect import connect_configured, quiet_runtime
 
 WAIT_LIMIT_S = 24 * 3600  # the same bound as a rollout's execution timeout
 

@@ -45,7 +45,7 @@ def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subpr
 
 
 def start_stack(settings: Settings, headless: bool = False, codec_endpoint: str | None = None) -> LocalStack:
-    from gymflow.workers.connect import stack_file
+    from gymflow.kernel.connect import stack_file
 
     stack = LocalStack(settings.state_dir, temporal_address=settings.temporal.address,
                        database_url=settings.database.url, port=settings.temporal.port,
@@ -57,7 +57,7 @@ def start_stack(settings: Settings, headless: bool = False, codec_endpoint: str 
 
 def stop_all(procs: list[subprocess.Popen], stack: LocalStack, settings: Settings) -> None:
     """Pools first (SIGTERM lets in-flight work finish; kill after 40 s), then what the stack started."""
-    from gymflow.workers.connect import stack_file
+    from gymflow.kernel.connect import stack_file
 
     for proc in procs:
         proc.send_signal(signal.SIGTERM)

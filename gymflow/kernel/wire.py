@@ -88,7 +88,7 @@ class Task(Wire):
     tools: tuple[ToolSpec, ...] = ()
     sampling: SamplingParams = SamplingParams()
     data: JSON = Field(default_factory=dict, description="Fields the environment's verifier reads")
-    # strict: a JSON true or 1.5 is a bad row, not 1 turn (gymflow/kernel/datasets.py says which line)
+    # strict: a JSON true or 1.5 is a bad row, not 1 turn (gymflow/data/datasets.py says which line)
     max_turns: int | None = Field(None, ge=1, strict=True,
                                   description="The row's own turn limit: a rollout runs min(run's, this) turns")
 

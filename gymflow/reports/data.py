@@ -14,10 +14,10 @@ from urllib.parse import quote
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.config import Settings
+from gymflow.kernel.connect import resolve_addresses, stack_file, startup_wait_s
 from gymflow.kernel.errors import ConfigError
 from gymflow.kernel.store import reports
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate_when_reachable
-from gymflow.workers.connect import resolve_addresses, stack_file, startup_wait_s
 
 UI_URL_ENV = "GYMFLOW_UI_URL"
 Row = dict[str, Any]

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from temporalio.service import RPCError
 
 from gymflow.client import CANCEL_GRACE_S, GymflowClient, check_collectable
+from gymflow.kernel.store.policy_versions import CACHE_TTL_S, NO_VERSION_ORDINAL, current_version, oldest_ordinals
 from gymflow.kernel.store.repo import upsert_run
 from gymflow.kernel.wire import RolloutInput, RolloutSummary, SamplingParams, Task
 from gymflow.training.groups import (
@@ -42,7 +43,6 @@ from gymflow.training.groups import (
     failed_members,
     incomplete_verdict,
 )
-from gymflow.training.policy import CACHE_TTL_S, NO_VERSION_ORDINAL, current_version, oldest_ordinals
 
 Stale = Literal["finish_and_tag", "cancel_and_restart"]
 STALE_POLICIES: tuple[Stale, ...] = ("finish_and_tag", "cancel_and_restart")

@@ -25,8 +25,8 @@ from gymflow.workers.local_stack import LocalStack, StackAddresses, free_port
 from sqlalchemy.engine import make_url
 
 from gymflow.client import GymflowClient
+from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.config import load_settings
-from gymflow.kernel.datasets import load_jsonl
 from gymflow.testing.scripted_openai import ScriptedOpenAI, text
 from tests.conftest import ROOT, SHARED, TEST_LIMITS
 from tests.helpers import readable_history

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from gymflow.data.datasets import DatasetError, ErrorLog, check_value, duplicate, iter_tasks, read_rows
+from gymflow.data.routing import route_problem
 from gymflow.environments.registry import get_environment
-from gymflow.kernel.datasets import DatasetError, ErrorLog, check_value, duplicate, iter_tasks, read_rows
 from gymflow.kernel.errors import GymflowError, TaskError
-from gymflow.kernel.routing import route_problem
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
+from gymflow.data.routing import route_problem
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.limits import (
     MAX_ERROR_CHARS,
@@ -27,7 +28,6 @@ from gymflow.kernel.limits import (
     MAX_TASK_ID_BYTES,
 )
 from gymflow.kernel.responses_format import input_to_messages, sampling_from, tool_to_spec, validation_message
-from gymflow.kernel.routing import route_problem
 from gymflow.kernel.wire import ChatMessage, Task
 
 _NOT_VERIFIER_DATA = {"responses_create_params", "agent_ref", "messages", "tools", "max_turns"}
