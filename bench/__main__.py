@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="where generation runs: local activities in the workflow pool, or the generate pool "
                          f"(models.<name>.placement; default: gymflow's own default, {DEFAULT_PLACEMENT})")
     ap.add_argument("--workflow-procs", type=int, default=1, help="processes in the workflow pool")
+    ap.add_argument("--correct-fraction", type=float, default=0.5,
+                    help="share of tasks the mock answers right (seeded, per task); each workload asserts it")
+    ap.add_argument("--seed", type=int, default=0, help="the mock's seed for which tasks are right")
     ap.add_argument("--overhead-n", type=int, default=20)
     ap.add_argument("--latency", type=float, default=1.0, help="model latency of the latency curve, s")
     ap.add_argument("--curve", type=_positive_ints, default=[100, 400, 1000], help="in-flight counts, e.g. 100,400")
@@ -92,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("n", "in_flight", "overhead_n", "scale", "window", "workflow_procs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0.0 <= args.correct_fraction <= 1.0:
+        ap.error("--correct-fraction must be in [0, 1]")
     if args.latency <= 0:
         ap.error("--latency must be > 0")
     return args
@@ -101,7 +106,8 @@ async def measure(args: argparse.Namespace, results: dict[str, Any]) -> None:
     cmd = args.command
     concurrency = max(args.in_flight, *(args.curve if cmd in ("all", "curve") else [1])) + 8
     bench = await start_stack(slow_latency_s=args.latency, concurrency=concurrency, generate=args.generate,
-                              workflow_procs=args.workflow_procs)
+                              workflow_procs=args.workflow_procs, correct_fraction=args.correct_fraction,
+                              seed=args.seed)
     notes = results["meta"]["notes"]
     try:
         if cmd in ("all", *WORKLOADS):

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from bench.report import flatness
 from bench.stack import FAST, SLOW, BenchStack
 from bench.workloads import (
+    check_reward,
     collect,
     history_bytes_per_rollout,
     percentile,
@@ -66,6 +67,8 @@ async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, env:
                                 "peak_rss_mib": peak}
     finally:
         await client.close()
+    if bench.correct_fraction is not None and env is None:
+        out |= check_reward(name, got, bench.correct_fraction, bench.seed)  # SystemExit on a mismatch
     return out
 
 

@@ -5,6 +5,7 @@ memory readings (psutil)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -121,6 +122,8 @@ class BenchStack:
     procs: list[subprocess.Popen] = field(default_factory=list)
     stack: LocalStack | None = None
     generate: str = DEFAULT_PLACEMENT  # the models' placement
+    correct_fraction: float | None = None  # the mocks' seeded share of right answers (None: no answer table)
+    seed: int = 0
 
     def cpu(self) -> dict[str, float]:
         out = {k: sum(tree_cpu_seconds(pid, desc) for pid in pids) for k, (pids, desc) in self.pids.items()}
@@ -151,9 +154,12 @@ def _postmaster_pid(data_dir: Path) -> int:
     return int((data_dir / "postmaster.pid").read_text().split()[0])
 
 
-def _mock(port: int, latency: float) -> subprocess.Popen:
+def _mock(port: int, latency: float, answers: Path | None = None, correct_fraction: float = 0.5,
+          seed: int = 0) -> subprocess.Popen:
+    extra = ["--answers", str(answers), "--correct-fraction", str(correct_fraction), "--seed", str(seed)] \
+        if answers else []
     return subprocess.Popen([sys.executable, "-m", "gymflow.testing.mock_openai", "--port", str(port),
-                             "--latency", str(latency)], stdout=subprocess.DEVNULL)
+                             "--latency", str(latency), *extra], stdout=subprocess.DEVNULL)
 
 
 def _worker_command(install: str | None) -> list[str]:
@@ -166,19 +172,29 @@ def _worker_command(install: str | None) -> list[str]:
 
 async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path | None = None,
                       generate: str = DEFAULT_PLACEMENT, workflow_procs: int = 1, install: str | None = None,
-                      pool_env: dict[str, str] | None = None) -> BenchStack:
+                      pool_env: dict[str, str] | None = None, correct_fraction: float | None = None,
+                      seed: int = 0) -> BenchStack:
     """Start everything; `concurrency` bounds rollouts in flight (workflow tasks, generate slots, model calls).
     `generate`: the models' placement ('pool': the generate pool calls them; 'local': the workflow pool does).
     `workflow_procs`: processes of the workflow pool (each gets `concurrency`; the CPU and memory are summed).
     `install`: a `module:function` each pool process calls before `gymflow worker` starts (a bench environment's
-    registration, bench/hostile_env.py). `pool_env`: extra environment variables for the pool processes."""
+    registration, bench/hostile_env.py). `pool_env`: extra environment variables for the pool processes.
+    `correct_fraction`: the mocks answer the workloads' tasks right on this seeded share (`seed`) of them
+    (None: the mock's answer-free behaviour, as the side by side and the noisy neighbour want)."""
     work = Path(tempfile.mkdtemp(prefix="gymflow-bench-"))
     os.chmod(work, 0o755)
     procs: list[subprocess.Popen] = []
     stack: LocalStack | None = None
     try:
         ports = {FAST: free_port(), SLOW: free_port()}
-        procs += [_mock(ports[FAST], 0.0), _mock(ports[SLOW], slow_latency_s)]
+        table = None
+        if correct_fraction is not None:
+            from bench.workloads import answers  # bench.workloads imports this module
+
+            table = work / "answers.json"
+            table.write_text(json.dumps(answers()))
+        procs += [_mock(ports[FAST], 0.0, table, correct_fraction or 0.0, seed),
+                  _mock(ports[SLOW], slow_latency_s, table, correct_fraction or 0.0, seed)]
         stack = LocalStack(work / "state", port=free_port(), headless=True)
         addr = stack.start()
         urls = {m: f"http://127.0.0.1:{p}/v1" for m, p in ports.items()}
@@ -211,7 +227,8 @@ async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path 
                 "mock": ((procs[0].pid,), False), "mock slow": ((procs[1].pid,), False)}
         sampler = MemorySampler(pids).start()
         await asyncio.sleep(3)  # let the pools start polling, so the clocks measure steady state
-        return BenchStack(work, settings, client, addr.database_url, urls, pids, sampler, procs, stack, generate)
+        return BenchStack(work, settings, client, addr.database_url, urls, pids, sampler, procs, stack, generate,
+                          correct_fraction, seed)
     except BaseException:
         for proc in procs:
             proc.terminate()

@@ -55,6 +55,45 @@ def tasks_for(workload: str, n: int, tag: str, env: str | None = None) -> list[T
     return [base[i % len(base)].model_copy(update={"id": f"{tag}-{i}", **other}) for i in range(n)]
 
 
+def answers() -> dict[str, str | None]:
+    """The mock's answer table (gymflow/testing/mock_openai.py): every workload row's prompt -> its gold answer
+    (None for single_tool: right means calling the offered tool)."""
+    from gymflow.environments.reasoning_gym_env import ReasoningGymTask, entry_for
+
+    out: dict[str, str | None] = {}
+    for name in WORKLOADS:
+        for t in base_tasks(name):
+            prompt = next(m.content for m in t.messages if m.role == "user")
+            if name == "single_tool":
+                out[prompt] = None
+            elif name == "math":
+                out[prompt] = str(t.data["expected_answer"])
+            else:
+                out[prompt] = str(entry_for(ReasoningGymTask(**t.data))["answer"])
+    return out
+
+
+def check_reward(name: str, got: Collected, fraction: float, seed: int) -> dict[str, Any]:
+    """The mean reward must be exactly the mean of the mock's per-task choices over the scored rollouts, and
+    that within 4 binomial standard deviations of `fraction`; SystemExit naming the workload otherwise."""
+    import math
+
+    from gymflow.testing.mock_openai import is_right
+
+    if not got.task_rewards:
+        raise SystemExit(f"workload {name}: no scored rollouts (statuses {got.statuses}); expected mean reward "
+                         f"{fraction:.3f}")
+    expected = statistics.fmean(float(is_right(f"{got.run_id}/{t}", fraction, seed)) for t, _ in got.task_rewards)
+    n = len(got.task_rewards)
+    bound = 4 * math.sqrt(fraction * (1 - fraction) / n) + 1 / n
+    mean = got.mean_reward or 0.0
+    if abs(mean - expected) > 1e-9 or abs(expected - fraction) > bound:
+        raise SystemExit(f"workload {name}: mean reward {mean:.4f} over {n} rollouts, expected {expected:.4f} "
+                         f"(the mock is right on that share of the tasks; correct fraction {fraction}, "
+                         f"+-{bound:.4f})")
+    return {"correct_fraction": fraction, "expected_mean_reward": expected, "tolerance": bound}
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -93,6 +132,7 @@ class Collected:
     latencies: list[float]
     cpu_s: dict[str, float]
     windows: list[dict[str, Any]] = field(default_factory=list)
+    task_rewards: list[tuple[str, float]] = field(default_factory=list)  # (task id, reward) of scored rollouts
 
     @property
     def rate(self) -> float:
@@ -104,6 +144,7 @@ async def collect(bench: BenchStack, client: GymflowClient, tasks: list[Task], *
     """Collect every task once; CPU per process over the whole collection; a `Window` every `window` results."""
     statuses: dict[str, int] = {}
     rewards: list[float] = []
+    task_rewards: list[tuple[str, float]] = []
     latencies: list[float] = []
     windows: list[dict[str, Any]] = []
     before = bench.cpu()
@@ -115,6 +156,7 @@ async def collect(bench: BenchStack, client: GymflowClient, tasks: list[Task], *
         latencies.append(s.latency_s)
         if s.reward is not None and not s.masked:
             rewards.append(s.reward)
+            task_rewards.append((s.task_id, s.reward))
         done = len(latencies)
         if window and (done % window == 0 or done == len(tasks)):
             now, cpu = time.monotonic(), bench.cpu()
@@ -127,7 +169,7 @@ async def collect(bench: BenchStack, client: GymflowClient, tasks: list[Task], *
     wall = time.monotonic() - t0
     after = bench.cpu()
     return Collected(run_id, len(tasks), wall, statuses, statistics.fmean(rewards) if rewards else None, latencies,
-                     {k: after[k] - before[k] for k in after}, windows)
+                     {k: after[k] - before[k] for k in after}, windows, task_rewards)
 
 
 async def transitions_per_rollout(client: GymflowClient, run_id: str, limit: int = TRANSITIONS_SAMPLE

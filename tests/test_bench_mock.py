@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gymflow.testing.mock_openai import MockOpenAI, args_from_schema, respond
+from gymflow.testing.mock_openai import MockOpenAI, args_from_schema, is_right, respond
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -143,3 +143,70 @@ def test_stack_worker_command_installs_first():
     assert _worker_command(None) == [sys.executable, "-m", "gymflow.cli.main"]
     cmd = _worker_command("bench.hostile_env:install")
     assert cmd[1] == "-c" and cmd[2].startswith("import bench.hostile_env; bench.hostile_env.install(); ")
+
+
+@pytest.mark.parametrize("workload", ["single_turn", "math", "single_tool"])
+def test_mock_is_right_on_exactly_the_seeded_tasks(workload):
+    """Issue 20: each row scored by the real verifier, right where `is_right` says and 0 elsewhere."""
+    import asyncio
+
+    from gymflow.environments.base import VerifyContext
+    from gymflow.environments.registry import get_environment
+
+    from bench.workloads import answers, base_tasks
+    from gymflow.kernel.wire import ChatMessage, FunctionCall, ToolCall
+    from gymflow.testing.mock_openai import is_right
+
+    table = answers()
+    rewards: dict[bool, list[float]] = {True: [], False: []}
+    for task in base_tasks(workload):
+        env = get_environment(task.env)
+        data = env.parse_task(task)
+        for right in (True, False):
+            body = {"messages": [m.model_dump(exclude_none=True) for m in task.messages],
+                    "tools": [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}}
+                              for t in env.tools(task, data)]}
+            messages = list(task.messages)
+            for _ in range(3):
+                reply = respond(body, table, right)
+                calls = tuple(ToolCall(id=f"c{i}", function=FunctionCall(name=n, arguments=a))
+                              for i, (n, a) in enumerate(reply.tool_calls or ()))
+                messages.append(ChatMessage(role="assistant", content=reply.content, tool_calls=calls or None))
+                body["messages"].append({"role": "assistant", "content": reply.content})
+                if not calls:
+                    break
+                messages.append(ChatMessage(role="tool", content="error", tool_call_id="c0"))
+                body["messages"].append({"role": "tool", "content": "error", "tool_call_id": "c0"})
+            score = asyncio.run(env.verify(data, messages, {}, VerifyContext("")))
+            rewards[right].append(score.reward)
+    assert rewards[True] and set(rewards[True]) == {1.0} and set(rewards[False]) == {0.0}
+    keys = [f"run/{workload}-{i}" for i in range(2000)]
+    share = sum(is_right(k, 0.3, seed=7) for k in keys) / len(keys)
+    assert abs(share - 0.3) < 0.05 and [is_right(k, 0.3, 7) for k in keys] == [is_right(k, 0.3, 7) for k in keys]
+    assert not any(is_right(k, 0.0) for k in keys) and all(is_right(k, 1.0) for k in keys)
+
+
+def test_server_uses_the_rollout_task_for_the_choice():
+    prompt = "Calculate 5 - 3 - 6."
+    body = {"messages": [{"role": "user", "content": prompt}]}
+    with MockOpenAI(answers={prompt: "-4"}, correct_fraction=0.5, seed=3) as mock:
+        for i in range(20):
+            key = f"run/t-{i}"
+            got = [chat(mock.base_url, body, headers={"X-Gymflow-Rollout": f"{key}/{s}"})["choices"][0]["message"]
+                   ["content"] for s in range(2)]
+            assert got[0] == got[1] == ("The answer is \\boxed{-4}." if is_right(key, 0.5, 3)
+                                        else "The answer is \\boxed{-3}.")
+    with pytest.raises(ValueError, match="correct_fraction"):
+        MockOpenAI(correct_fraction=1.5)
+
+
+def test_bench_fails_loudly_on_a_wrong_mean_reward():
+    from bench.workloads import Collected, check_reward
+
+    ids = [f"t-{i}" for i in range(400)]
+    pairs = [(t, float(is_right(f"run/{t}", 0.5))) for t in ids]
+    got = Collected("run", 400, 1.0, {"completed": 400}, sum(r for _, r in pairs) / 400, [], {}, [], pairs)
+    assert check_reward("math", got, 0.5, 0)["expected_mean_reward"] == got.mean_reward
+    zero = Collected("run", 400, 1.0, {"completed": 400}, 0.0, [], {}, [], [(t, 0.0) for t in ids])
+    with pytest.raises(SystemExit, match=r"workload math: mean reward 0\.0000 over 400 rollouts, expected 0\.4"):
+        check_reward("math", zero, 0.5, 0)

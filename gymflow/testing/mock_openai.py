@@ -4,6 +4,14 @@ Each reply is a function of the request alone: when tools are offered and the co
 message yet, one call to the first offered tool with arguments built from its JSON schema; otherwise a text
 answer, with a `\\boxed{}` number taken from the prompt for math-like prompts. Replies wait `latency_s` first.
 
+Given an answer table (`--answers FILE`: JSON, a task's first user message -> its gold answer, or null for a
+tool task), the mock is right on a seeded fraction of those tasks (`--correct-fraction`, default 0.5; `--seed`)
+and surely wrong on the others (issue 20). The choice is per task: a hash of the seed and the task key (the
+`x-gymflow-rollout` header without its sample index, else the first user message), so every sample of a task
+agrees and `is_right` tells a benchmark which tasks were right. Right: `\\boxed{gold}`, or the offered tool
+called. Wrong: a numeric gold plus one (else -1), or a call to a tool that was not offered (the same
+generate, tool, generate shape; the unknown-tool error path runs). Prompts not in the table: as above.
+
 Every request is recorded (arrival and reply-sent times, monotonic and wall clock, a conversation key and the
 turn) and served at `GET /stats` (`GET /stats?reset=1` clears them), so a benchmark can measure the
 orchestration overhead between one reply and the next request of the same rollout.
@@ -127,13 +135,51 @@ def first_user_text(body: dict[str, Any]) -> str:
     return next((_content(m) for m in _messages(body) if m.get("role") == "user"), "")
 
 
-def respond(body: dict[str, Any]) -> Reply:
-    """The mock policy: a pure function of the request."""
+def is_right(key: str, fraction: float, seed: int = 0) -> bool:
+    """Whether the mock answers the task with this key right: a seeded hash below `fraction`."""
+    digest = hashlib.blake2b(f"{seed}\x00{key}".encode("utf-8", "replace"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+def task_key(headers: dict[str, str], body: dict[str, Any]) -> str:
+    """`<run>/<task>` from the rollout header `<run>/<task>/<sample>`, else the first user message."""
+    rollout = next((v for k, v in headers.items() if k.lower() == ROLLOUT_HEADER), None)
+    return rollout.rsplit("/", 1)[0] if rollout else first_user_text(body)
+
+
+def _wrong(gold: str) -> str:
+    try:
+        value = float(gold)
+    except ValueError:
+        return "-1"
+    return str(int(value) + 1) if value.is_integer() else str(value + 1)
+
+
+def _strip_delimiters(gold: str) -> str:
+    g = gold.strip()
+    if g.startswith("\\(") and g.endswith("\\)"):
+        return g[2:-2].strip()
+    if len(g) > 1 and g.startswith("$") and g.endswith("$"):
+        return g.strip("$").strip()
+    return g
+
+
+def respond(body: dict[str, Any], answers: dict[str, str | None] | None = None, right: bool = False) -> Reply:
+    """The mock policy: a pure function of the request (and, for a task in `answers`, whether to be `right`)."""
     messages = _messages(body)
     tool = _first_tool(body)
+    prompt = first_user_text(body)
+    known = answers is not None and prompt in answers
     if tool is not None and not any(m.get("role") == "tool" for m in messages):
         name, params = tool
+        if known and not right:
+            return tool_call(f"not_{name}", args_from_schema(params))
         return tool_call(name, args_from_schema(params))
+    if known and answers is not None and answers[prompt] is not None and not any(
+            m.get("role") == "tool" for m in messages):
+        gold = str(answers[prompt])
+        answer = _strip_delimiters(gold) if right else _wrong(gold)
+        return text(f"The answer is \\boxed{{{answer}}}.")
     last_tool = next((m for m in reversed(messages) if m.get("role") == "tool"), None)
     if last_tool is not None:
         return text(f"Here is what I found: {_content(last_tool)[:2000]}")
@@ -168,10 +214,14 @@ def conversation_key(headers: dict[str, str], body: dict[str, Any]) -> str:
 
 
 class MockOpenAI(ThreadedHTTPService):
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0,
+                 answers: dict[str, str | None] | None = None, correct_fraction: float = 0.5, seed: int = 0) -> None:
         if latency_s < 0:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        if not 0.0 <= correct_fraction <= 1.0:
+            raise ValueError(f"correct_fraction must be in [0, 1], got {correct_fraction}")
         self.latency_s = latency_s
+        self.answers, self.correct_fraction, self.seed = answers, correct_fraction, seed
         self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
         self._lock = threading.Lock()
         self._serve(_Server((host, port), self._handler()))
@@ -238,13 +288,16 @@ class MockOpenAI(ThreadedHTTPService):
                     self._send(400, {"error": {"message": "the body is not a JSON object",
                                                "type": "invalid_request_error", "code": None}})
                     return
-                reply = respond(body)
+                headers = dict(self.headers.items())
+                right = bool(outer.answers) and is_right(task_key(headers, body), outer.correct_fraction,
+                                                         outer.seed)
+                reply = respond(body, outer.answers, right)
                 if outer.latency_s:
                     time.sleep(outer.latency_s)
                 model = body.get("model") if isinstance(body.get("model"), str) else "mock"
                 self._send(200, _completion(reply, model))
                 turn = sum(1 for m in _messages(body) if m.get("role") == "assistant")
-                outer._record(Record(conversation_key(dict(self.headers.items()), body), turn, arrived,
+                outer._record(Record(conversation_key(headers, body), turn, arrived,
                                      time.monotonic(), arrived_wall, time.time(), bool(reply.tool_calls)))
 
         return Handler
@@ -264,8 +317,15 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--latency", type=float, default=0.0, help="seconds before each reply")
+    ap.add_argument("--answers", help="JSON file: first user message -> gold answer (null: a tool task)")
+    ap.add_argument("--correct-fraction", type=float, default=0.5, help="tasks in --answers answered right")
+    ap.add_argument("--seed", type=int, default=0, help="which tasks are right (with the task key)")
     args = ap.parse_args()
-    server = MockOpenAI(args.host, args.port, args.latency)
+    answers = None
+    if args.answers:
+        with open(args.answers, encoding="utf-8") as f:
+            answers = json.load(f)
+    server = MockOpenAI(args.host, args.port, args.latency, answers, args.correct_fraction, args.seed)
     print(server.base_url, flush=True)
     try:
         server.serve_forever()
