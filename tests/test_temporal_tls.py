@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
-from gymflow.workers import connect
 from temporalio.service import TLSConfig
 
 from gymflow.client import GymflowClient
+from gymflow.kernel import connect
 from gymflow.kernel.config import load_settings, settings_from_mapping
 from gymflow.kernel.connect import TemporalUnreachable, connect_configured, temporal_options
 from gymflow.kernel.errors import ConfigError
