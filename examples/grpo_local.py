@@ -28,24 +28,30 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import click
-import sqlalchemy as sa
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the example's own modules, when run as a script
 
 from grpo_tasks import step_tasks  # noqa: E402
 from grpo_update import Sample, group_advantages, policy_step  # noqa: E402
 from gymflow.workers.local_stack import free_port  # noqa: E402
 
-from gymflow.cli.demo_cmd import embedded_pools, local_policy, start_local_model, wait_for_pools, with_policy  # noqa: E402
-from gymflow.client import GymflowClient  # noqa: E402
-from gymflow.kernel.config import Settings  # noqa: E402
-from gymflow.kernel.store.models import Generation  # noqa: E402
+from gymflow import (  # noqa: E402
+    Group,
+    GymflowClient,
+    Settings,
+    current_policy_version,
+    declare_policy_version,
+    group_records,
+    iterate_groups,
+)
+from gymflow.embedded import (  # noqa: E402
+    EmbeddedError,
+    embedded_pools,
+    local_policy,
+    start_local_model,
+    wait_for_pools,
+    with_policy,
+)
 from gymflow.localmodel.control import load_weights as post_load_weights  # noqa: E402
-from gymflow.training.groups import Group, usable  # noqa: E402
-from gymflow.training.iterator import iterate_groups  # noqa: E402
-from gymflow.training.policy import current_policy_version, declare_policy_version  # noqa: E402
-from gymflow.training.records import TurnTokens, build_sequence  # noqa: E402
 
 MODEL = "policy"
 LOAD_TIMEOUT_S = 300.0  # reading 540 MB of float32 weights; slow disks and a busy CPU stretch it
@@ -83,34 +89,18 @@ def base_settings(state: Path, args: argparse.Namespace) -> Settings:
 
 
 async def read_samples(client: GymflowClient, groups: list[Group]) -> tuple[list[Sample], set[str], list[float]]:
-    """Training samples from the groups' stored turns, the policy versions on those turns, and every usable
-    reward (for the curve)."""
-    members = {m.rollout_id: m for g in groups for m in g.members if usable(m)}
-    rows = await client.in_store(lambda s: _turn_rows(s, list(members)), "reading the step's generations")
-    by_rollout: dict[str, list[TurnTokens]] = {}
-    versions: set[str] = set()
-    for r in rows:
-        if r["turn"] < members[r["rollout_id"]].turns:  # later rows are leftovers of an earlier attempt
-            by_rollout.setdefault(r["rollout_id"], []).append(TurnTokens.from_row(r))
-            if isinstance(r["policy_version"], str):
-                versions.add(r["policy_version"])
+    """Training samples from the groups' token-exact records, the policy versions on their turns, and every
+    usable reward (for the curve)."""
     samples: list[Sample] = []
+    versions: set[str] = set()
     rewards: list[float] = []
-    for g in groups:
-        kept = [m for m in g.members if usable(m)]
-        rewards += [float(m.reward or 0.0) for m in kept]
-        for m, adv in zip(kept, group_advantages([float(m.reward or 0.0) for m in kept]), strict=True):
-            seq = build_sequence(by_rollout.get(m.rollout_id, []), m.turns)
-            if seq.tokens_available and seq.logprobs is not None and not seq.token_drift:
-                samples.append(Sample(seq, adv))
+    for records in await group_records(client, groups):  # per group, a record per usable member
+        rewards += [r.reward for r in records]
+        for rec, adv in zip(records, group_advantages([r.reward for r in records]), strict=True):
+            versions.update(v for v in rec.sequence.policy_versions if v is not None)
+            if rec.trainable:
+                samples.append(Sample(rec.sequence, adv))
     return samples, versions, rewards
-
-
-async def _turn_rows(session: Any, rollout_ids: list[str]) -> list[dict[str, Any]]:
-    result = await session.execute(sa.select(
-        Generation.rollout_id, Generation.turn, Generation.prompt_token_ids, Generation.generation_token_ids,
-        Generation.generation_log_probs, Generation.policy_version).where(Generation.rollout_id.in_(rollout_ids)))
-    return [dict(r) for r in result.mappings()]
 
 
 def load_weights(server: Any, path: Path, version: str) -> float:
@@ -207,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "weights").mkdir(mode=0o700, exist_ok=True)  # the only place the server loads weights from
         server = start_local_model(["--threads", str(args.server_threads), "--weights-root", str(out / "weights")],
                                    state_dir=state)
-    except click.ClickException as e:
-        print(f"error: {e.message}", file=sys.stderr)
+    except EmbeddedError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         from gymflow.localmodel.resolve import DEFAULT_NAME

@@ -38,7 +38,7 @@ def test_floors_only_look_down(tmp_path):
 def test_scripts_outside_the_package_use_no_test_or_cli_internals():
     """bench/ and examples/ are what a user would write: they import gymflow, never tests or CLI modules."""
     offenders = []
-    for folder in ("bench",):  # examples/grpo_local.py still imports gymflow.cli.demo_cmd (open, issue 20)
+    for folder in ("bench", "examples"):
         for path in (ROOT / folder).rglob("*.py"):
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 stripped = line.strip()

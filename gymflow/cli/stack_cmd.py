@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import click
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
-from gymflow.kernel.config import Settings
-from gymflow.workers.local_stack import LocalStack
+from gymflow.embedded import spawn_pool, start_stack, stop_all
 
 
 @click.command()
@@ -35,39 +32,6 @@ def worker(pool: str, config_path: str | None, metrics_bind: str | None, models:
     setup_logging(verbose)
     served = models.split(",") if models is not None else None
     run(run_pool(settings_or_exit(config_path), pool, metrics_bind, served))  # type: ignore[arg-type]
-
-
-def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", pool]
-    if config_path:
-        cmd += ["--config", config_path]
-    return subprocess.Popen(cmd, env=env)
-
-
-def start_stack(settings: Settings, headless: bool = False, codec_endpoint: str | None = None) -> LocalStack:
-    from gymflow.kernel.connect import stack_file
-
-    stack = LocalStack(settings.state_dir, temporal_address=settings.temporal.address,
-                       database_url=settings.database.url, port=settings.temporal.port,
-                       ui_port=settings.temporal.ui_port, headless=headless, ui_codec_endpoint=codec_endpoint)
-    stack.start()
-    stack.write_stack_file(stack_file(settings))
-    return stack
-
-
-def stop_all(procs: list[subprocess.Popen], stack: LocalStack, settings: Settings) -> None:
-    """Pools first (SIGTERM lets in-flight work finish; kill after 40 s), then what the stack started."""
-    from gymflow.kernel.connect import stack_file
-
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    stack_file(settings).unlink(missing_ok=True)
-    stack.stop()
 
 
 def _store_starting(ids: object) -> dict:

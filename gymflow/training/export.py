@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -21,6 +21,9 @@ from gymflow.training.groups import epoch_of
 from gymflow.training.records import TurnTokens, build_sequence
 from gymflow.training.rows import SCHEMAS, dpo_row, rl_row, sft_row
 from gymflow.training.writer import RowWriter, check_out_path
+
+if TYPE_CHECKING:
+    from gymflow.client import GymflowClient
 
 FORMATS = tuple(SCHEMAS)
 SFT_DEFAULT_MIN_REWARD = 1.0
@@ -198,3 +201,11 @@ async def export_run(session: AsyncSession, run_id: str, fmt: str, out: Path, *,
             writer.write(row)
     summary.rows = writer.rows
     return summary
+
+
+async def export(client: GymflowClient, run_id: str, fmt: str, out: str | Path, *, min_reward: float | None = None,
+                 include_masked: bool = False) -> ExportSummary:
+    """`export_run` through a client (what `gymflow export` does): `fmt` is rl, sft or dpo; `out` a .parquet or
+    .jsonl path. Raises ValueError on bad arguments or an unknown run."""
+    return await client.in_store(lambda s: export_run(s, run_id, fmt, Path(out), min_reward=min_reward,
+                                                      include_masked=include_masked), f"exporting run {run_id!r}")

@@ -12,9 +12,13 @@ carries an explicit verdict:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gymflow.kernel.wire import RolloutSummary, Task
+
+if TYPE_CHECKING:
+    from gymflow.client import GymflowClient
+    from gymflow.training.records import TrainingRecord
 
 Verdict = Literal["complete", "partial", "dropped", "stale"]
 Incomplete = Literal["wait", "drop", "partial"]
@@ -65,6 +69,13 @@ class Group:
     def rewards(self) -> list[float | None]:
         """Per member; None where the member is not usable (failed or masked)."""
         return [m.reward if usable(m) else None for m in self.members]
+
+    async def records(self, client: GymflowClient) -> list[TrainingRecord]:
+        """A token-exact training record per usable member (records.py); for many groups at once, in one
+        query, use `group_records(client, groups)`."""
+        from gymflow.training.records import group_records
+
+        return (await group_records(client, [self]))[0]
 
 
 def failed_members(members: tuple[RolloutSummary, ...]) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 """Token-exact training records: one rollout's turns joined into one sequence with a loss mask.
 
-Pure functions over `generations` rows, so every rule here is unit-testable without a database.
+Pure functions over `generations` rows, so every rule here is unit-testable without a database; then
+`group_records` (and `Group.records`), which reads the rows of groups' rollouts through a client and joins them.
 
 The sequence is prompt(0) + generation(0) + [tokens the environment added] + generation(1) + ... . Turn k's
 prompt must start with turn k-1's prompt and generation tokens (the server saw exactly what the policy wrote);
@@ -16,7 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gymflow.kernel.wire import RolloutSummary
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from gymflow.client import GymflowClient
+    from gymflow.training.groups import Group
 
 MAX_TOKEN_ID = 2**31 - 1  # Parquet writes int32-safe ids; anything else is not a token id
 
@@ -136,3 +145,61 @@ def build_sequence(rows: Iterable[TurnTokens | Mapping[str, Any]], turns: int | 
 def _unavailable(seq: TokenSequence, why: str) -> TokenSequence:
     seq.tokens_available, seq.problem, seq.logprobs = False, why, None
     return seq
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """One usable member of a group with its token-exact turns: `turns` are the stored rows of turns
+    0..member.turns-1 in order (leftovers of an earlier attempt left out), `sequence` their joined ids, loss
+    mask and logprobs. Check `sequence.tokens_available` (and `logprobs is not None`) before training on it."""
+
+    member: RolloutSummary
+    turns: tuple[TurnTokens, ...]
+    sequence: TokenSequence
+
+    @property
+    def rollout_id(self) -> str:
+        return self.member.rollout_id
+
+    @property
+    def reward(self) -> float:
+        return float(self.member.reward or 0.0)
+
+    @property
+    def trainable(self) -> bool:
+        """Token ids and aligned logprobs for every turn, no drift: the whole rollout as the policy saw it."""
+        s = self.sequence
+        return s.tokens_available and s.logprobs is not None and not s.token_drift
+
+
+async def _turn_rows(session: AsyncSession, rollout_ids: list[str]) -> list[dict[str, Any]]:
+    import sqlalchemy as sa
+
+    from gymflow.kernel.store.models import Generation
+
+    result = await session.execute(sa.select(
+        Generation.rollout_id, Generation.turn, Generation.prompt_token_ids, Generation.generation_token_ids,
+        Generation.generation_log_probs, Generation.policy_version).where(Generation.rollout_id.in_(rollout_ids)))
+    return [dict(r) for r in result.mappings()]
+
+
+async def group_records(client: GymflowClient, groups: Sequence[Group]) -> list[list[TrainingRecord]]:
+    """For each group (in order), a record per usable member (completed, scored, not masked; in member order),
+    read in one transaction. Failed and masked members have no record: `group.failed` lists them."""
+    from gymflow.training.groups import usable
+
+    kept = [[m for m in g.members if usable(m)] for g in groups]
+    ids = [m.rollout_id for ms in kept for m in ms]
+    rows = await client.in_store(lambda s: _turn_rows(s, ids), "reading the groups' generations") if ids else []
+    by_rollout: dict[str, list[TurnTokens]] = {}
+    for r in rows:
+        by_rollout.setdefault(r["rollout_id"], []).append(TurnTokens.from_row(r))
+    out: list[list[TrainingRecord]] = []
+    for ms in kept:
+        records = []
+        for m in ms:
+            turns = tuple(sorted((t for t in by_rollout.get(m.rollout_id, []) if 0 <= t.turn < m.turns),
+                                 key=lambda t: t.turn))
+            records.append(TrainingRecord(m, turns, build_sequence(turns, m.turns)))
+        out.append(records)
+    return out
