@@ -62,6 +62,7 @@ _WHERE: dict[str, str] = {
     "ExportSummary": "gymflow.training.export",
 }
 
+# Written out, not computed from _WHERE: ruff, type checkers and IDEs read a literal `__all__` only.
 __all__ = [
     "ChatMessage", "CollectResult", "ConfigError", "DatasetError", "Environment", "ExportSummary", "FAILURE_TYPES",
     "FailureType", "Group", "GymflowClient", "GymflowError", "Position", "RolloutIterator", "RolloutSummary",

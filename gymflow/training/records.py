@@ -175,11 +175,15 @@ class TrainingRecord:
 async def _turn_rows(session: AsyncSession, rollout_ids: list[str]) -> list[dict[str, Any]]:
     import sqlalchemy as sa
 
-    from gymflow.kernel.store.models import Generation
+    from gymflow.kernel.store.models import Generation, Rollout
 
+    # The accepted chain only: turns at or past the rollout's finished count are an earlier attempt's leftovers.
     result = await session.execute(sa.select(
         Generation.rollout_id, Generation.turn, Generation.prompt_token_ids, Generation.generation_token_ids,
-        Generation.generation_log_probs, Generation.policy_version).where(Generation.rollout_id.in_(rollout_ids)))
+        Generation.generation_log_probs, Generation.policy_version)
+        .join(Rollout, Rollout.id == Generation.rollout_id)
+        .where(Generation.rollout_id.in_(rollout_ids), Generation.turn < Rollout.turns)
+        .order_by(Generation.rollout_id, Generation.turn))
     return [dict(r) for r in result.mappings()]
 
 
@@ -198,8 +202,7 @@ async def group_records(client: GymflowClient, groups: Sequence[Group]) -> list[
     for ms in kept:
         records = []
         for m in ms:
-            turns = tuple(sorted((t for t in by_rollout.get(m.rollout_id, []) if 0 <= t.turn < m.turns),
-                                 key=lambda t: t.turn))
+            turns = tuple(by_rollout.get(m.rollout_id, ()))
             records.append(TrainingRecord(m, turns, build_sequence(turns, m.turns)))
         out.append(records)
     return out
