@@ -4,7 +4,8 @@ An episode is read at every turn (generate sends the whole prefix to the model; 
 the state; finish verifies the whole). Keeping the chain a worker last saw makes each read fetch only what was
 appended since (gymflow/kernel/store/episodes.py `read_chain_after`): a 200-turn episode costs O(turns) bytes
 from Postgres instead of O(turns^2). Rows are append-only and ids never reused, so a cached prefix never goes
-stale; a reset run's branch is detected and read whole. Bounded by an estimate of the bytes held.
+stale; a reset run's branch is detected and read whole. Bounded by an estimate of the bytes held, token ids
+and logprobs included (a turn of a long prompt holds tens of thousands of them).
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ def message_size(body: dict) -> int:
     return size
 
 
+# A token id or logprob held in a Python list: an 8-byte slot plus its int/float object (small ints are shared,
+# token ids mostly are not).
+_BYTES_PER_NUMBER = 32
+
+
 def _size(message: StoredMessage) -> int:
-    return 200 + message_size(message.body)
+    numbers = sum(len(v) for v in (message.tokens or {}).values() if isinstance(v, list))
+    return 200 + message_size(message.body) + _BYTES_PER_NUMBER * numbers
 
 
 class ChainCache:

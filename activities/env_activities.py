@@ -13,7 +13,6 @@ from gymflow.activities.env_processes import EnvProcesses, Limits
 from gymflow.activities.model_client import ModelClients
 from gymflow.activities.recorded import RecordedJudge, recorded
 from gymflow.environments.base import ChatFn, Environment, TaskData, VerifyContext
-from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from gymflow.kernel.wire import (
     JSON,
@@ -77,9 +76,8 @@ async def verify_episode(env: Environment, data: TaskData | None, messages: Sequ
 
 
 class EnvActivities:
-    def __init__(self, sessions: async_sessionmaker, models: ModelClients | None = None,
-                 env_options: dict[str, dict[str, Any]] | None = None) -> None:
-        self._sessions = sessions
+    def __init__(self, models: ModelClients | None = None, env_options: dict[str, dict[str, Any]] | None = None
+                 ) -> None:
         self._models = models
         self._env_options = env_options or {}
 

@@ -34,7 +34,6 @@ from gymflow.activities.redact import Redactor
 from gymflow.environments.base import Environment, VerifyContext
 from gymflow.environments.registry import get_environment
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -71,12 +70,11 @@ from gymflow.kernel.store.episodes import (
     load_task_tools,
     produced,
     read_chain_after,
-    save_episode,
     save_task_tools,
     started_and_produced,
 )
 from gymflow.kernel.store.policy_versions import PolicyCache, reported_version
-from gymflow.kernel.store.repo import Conn, mark_rollout_started
+from gymflow.kernel.store.repo import Conn, mark_rollout_started, write_rollout
 from gymflow.kernel.wire import (
     ChatMessage,
     GenerateRequest,
@@ -103,6 +101,7 @@ _GENERATING = frozenset({names.EPISODE_GENERATE, names.EPISODE_TURN})
 # Starts of one local step on workers that had not run it before (the first, cache misses, re-runs after its
 # workflow task was lost) before the rollout fails as worker_lost: a poison step ends, bounded.
 MAX_STEP_STARTS = 5
+MAX_CONNECTIONS = 20  # per worker process: the workflow pool's local steps and the env/generate pools' own
 
 
 def _producer(part: str = "") -> str:
@@ -117,19 +116,17 @@ def _chat(messages: list[StoredMessage]) -> tuple[ChatMessage, ...]:
 
 
 class EpisodeActivities:
-    def __init__(self, sessions: async_sessionmaker, models: ModelClients,
+    def __init__(self, database_url: str, models: ModelClients,
                  env_options: dict[str, dict[str, Any]] | None = None, store_retry_s: float = STORE_RETRY_S,
-                 redactor: Redactor | None = None, processes: EnvProcesses | None = None) -> None:
-        self._sessions = sessions  # the policy reads (PolicyCache), at most one per model per ~0.5 s
-        engine = sessions.kw["bind"]
-        # The episode's own statements on psycopg directly, in autocommit: reads and single-statement writes need
-        # no BEGIN and COMMIT round trips; writes of several statements take a transaction.
-        self._direct = DirectPool(engine.url.render_as_string(hide_password=False),
-                                  max_size=engine.pool.size() + engine.pool._max_overflow)  # noqa: SLF001
+                 redactor: Redactor | None = None, processes: EnvProcesses | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        # Every statement of the episode on psycopg directly, in autocommit: reads and single-statement writes
+        # need no BEGIN and COMMIT round trips; writes of several statements take a transaction. No SQLAlchemy.
+        self._direct = DirectPool(database_url, max_size=max_connections)
         self._models = models
         self._redactor = redactor or Redactor({})
         self._env_options = env_options or {}
-        self._judges = EnvActivities(sessions, models, env_options)  # the judge plumbing, shared
+        self._judges = EnvActivities(models, env_options)  # the judge plumbing, shared
         self._tasks: OrderedDict[tuple[str, str], Task] = OrderedDict()
         self._task_tools: OrderedDict[tuple[str, str], tuple[ToolSpec, ...]] = OrderedDict()
         self._chains = ChainCache()
@@ -147,8 +144,8 @@ class EpisodeActivities:
     async def _read(self, what: str, read: Callable[[Conn], Awaitable[T]]) -> T:
         return await retry_read(self._direct.connection, read, what, budget_s=self.store_retry_s)
 
-    async def _read_policy(self, read: Any) -> Any:
-        return await retry_read(self._sessions, read, "reading the policy version", budget_s=self.store_retry_s)
+    async def _read_policy(self, read: Callable[[Conn], Awaitable[T]]) -> T:
+        return await self._read("reading the policy version", read)
 
     async def _task(self, run_id: str, task_id: str) -> Task:
         key = (run_id, task_id)
@@ -446,14 +443,14 @@ class EpisodeActivities:
         if score is not None:
             summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
                                                  "failure_type": score.failure_type})
-        record = RolloutRecord(summary=summary, env=req.env, model=req.model, transcript=_chat(chain),
+        record = RolloutRecord(summary=summary, env=req.env, model=req.model, head_id=req.head_id,
                                score_details=score.details if score else {},
                                execution_id=activity.info().workflow_run_id,
                                execution_started_at=req.execution_started_at)
 
         async def write() -> None:
-            async with self._direct.connection() as conn:  # one statement: atomic on its own
-                await save_episode(conn, record, chain)
+            async with self._direct.connection() as conn:
+                await write_rollout(conn, record)
 
         await retry_store(write, "persisting the rollout", budget_s=self.store_retry_s)
         self._chains.drop(summary.rollout_id)

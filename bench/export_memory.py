@@ -23,21 +23,35 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Two turns per rollout; turn 1's prompt extends turn 0's prompt + generation, so RL records are whole.
-_INSERT = """
-WITH s AS (SELECT g AS i, (g %% %(tasks)s)::text AS task, g / %(tasks)s AS sample FROM generate_series(0, %(n)s - 1) g),
-r AS (
-  INSERT INTO rollouts (id, run_id, task_id, sample_index, env, model, status, reward, masked, turns, transcript)
-  SELECT %(run)s || '/' || task || '/' || sample, %(run)s, task, sample, 'single_tool', 'policy', 'completed',
-         (i %% 3) / 2.0, false, 2,
-         jsonb_build_array(jsonb_build_object('role', 'user', 'content', repeat('q', 400)),
-                           jsonb_build_object('role', 'assistant', 'content', repeat('a', 800)))
-  FROM s RETURNING id)
-INSERT INTO generations (rollout_id, turn, attempt, model, prompt_token_ids, generation_token_ids,
-                         generation_log_probs)
-SELECT id, t, 1, 'policy',
-       CASE WHEN t = 0 THEN p.p0 ELSE p.p0 || p.g0 || '[7, 8, 9]'::jsonb END, p.g0, p.lp
-FROM r, generate_series(0, 1) t, p
+# Two turns per rollout, stored as the episode stores them (migration 0008): a chain of messages (user,
+# assistant with token data, tool, assistant) and the row naming its head. Turn 1's prompt extends turn 0's
+# prompt + generation, so RL records are whole.
+_MESSAGE = "INSERT INTO messages (rollout_id, parent_id, position, producer, producer_index, role, body, tokens)"
+_INSERT = f"""
+WITH s AS (SELECT g AS i, %(run)s || '/' || (g %% %(tasks)s)::text || '/' || (g / %(tasks)s)::text AS id,
+                  (g %% %(tasks)s)::text AS task, g / %(tasks)s AS sample
+           FROM generate_series(0, %(n)s - 1) g),
+m0 AS ({_MESSAGE}
+  SELECT id, NULL::bigint, 0, 'bench/0', 0, 'user', jsonb_build_object('role', 'user', 'content', repeat('q', 400)),
+         NULL::jsonb FROM s RETURNING id, rollout_id),
+m1 AS ({_MESSAGE}
+  SELECT m0.rollout_id, m0.id, 1, 'bench/1', 0, 'assistant',
+         jsonb_build_object('role', 'assistant', 'content', repeat('a', 400)),
+         jsonb_build_object('attempt', 1, 'model', 'policy', 'prompt_token_ids', p.p0, 'generation_token_ids', p.g0,
+                            'generation_log_probs', p.lp)
+  FROM m0, p RETURNING id, rollout_id),
+m2 AS ({_MESSAGE}
+  SELECT m1.rollout_id, m1.id, 2, 'bench/2', 0, 'tool', jsonb_build_object('role', 'tool', 'content', 'ok'), NULL::jsonb
+  FROM m1 RETURNING id, rollout_id),
+m3 AS ({_MESSAGE}
+  SELECT m2.rollout_id, m2.id, 3, 'bench/3', 0, 'assistant',
+         jsonb_build_object('role', 'assistant', 'content', repeat('a', 400)),
+         jsonb_build_object('attempt', 1, 'model', 'policy', 'prompt_token_ids', p.p0 || p.g0 || '[7, 8, 9]'::jsonb,
+                            'generation_token_ids', p.g0, 'generation_log_probs', p.lp)
+  FROM m2, p RETURNING id, rollout_id)
+INSERT INTO rollout_rows (id, run_id, task_id, sample_index, env, model, status, reward, masked, turns, head_id)
+SELECT s.id, %(run)s, s.task, s.sample, 'single_tool', 'policy', 'completed', (s.i %% 3) / 2.0, false, 2, m3.id
+FROM s JOIN m3 ON m3.rollout_id = s.id
 """
 _TOKENS = """
 CREATE TEMP TABLE p AS SELECT
@@ -51,8 +65,8 @@ def insert(url: str, run: str, n: int, prompt: int, gen: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS p")
         conn.execute(_TOKENS, {"prompt": prompt, "gen": gen})
-        conn.execute("DELETE FROM generations WHERE rollout_id LIKE %s", (run + "/%",))
-        conn.execute("DELETE FROM rollouts WHERE run_id = %s", (run,))
+        conn.execute("DELETE FROM rollout_rows WHERE run_id = %s", (run,))
+        conn.execute("DELETE FROM messages WHERE rollout_id LIKE %s", (run + "/%",))
         conn.execute(_INSERT, {"run": run, "n": n, "tasks": max(n // 4, 1)})
 
 

@@ -77,10 +77,22 @@ async def record_episode_histories(client: GymflowClient, run_id: str, cases: di
         assert result.replay_failure is None, (name, result.replay_failure)
 
 
-async def insert_generation(session: Any, **values: Any) -> None:
-    """A `generations` row as the episode's finish writes it, for tests that build runs by hand."""
-    from sqlalchemy.dialects.postgresql import insert
+async def store_chain(session: Any, rollout_id: str, messages: Sequence[Any], turns: Sequence[dict[str, Any]] = (),
+                      model: str = "policy") -> int:
+    """The chain of `messages` (ChatMessages or dicts) for a rollout built by hand, as the episode's activities
+    store it: the i-th assistant message carries `turns[i]`'s token data (prompt_token_ids, generation_token_ids,
+    generation_log_probs, policy_version, attempt, usage). Returns its head id, for `RolloutRecord.head_id`."""
+    from gymflow.kernel.store.episodes import NewMessage, append_messages
+    from gymflow.kernel.store.repo import driver
 
-    from gymflow.kernel.store.models import Generation
-
-    await session.execute(insert(Generation).values(**values).on_conflict_do_nothing())
+    pending = iter(turns)
+    new = []
+    for m in messages:
+        body = m if isinstance(m, dict) else m.model_dump(exclude_none=True)
+        turn = next(pending, None) if body["role"] == "assistant" else None
+        tokens = None if turn is None else {"attempt": 1, "model": model,
+                                            **{k: v for k, v in turn.items() if k != "turn"}}
+        new.append(NewMessage(role=body["role"], body=body, tokens=tokens))
+    ids = await append_messages(await driver(session), rollout_id=rollout_id, parent_id=None,
+                                producer=f"test/{rollout_id}", messages=new)
+    return ids[-1]

@@ -19,7 +19,7 @@ from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate  # n
 from gymflow.kernel.store.repo import save_rollout, upsert_run  # noqa: E402
 from gymflow.kernel.wire import ChatMessage, FunctionCall, RolloutRecord, RolloutSummary, ToolCall  # noqa: E402
 from gymflow.training.export import export_run  # noqa: E402
-from tests.helpers import insert_generation  # noqa: E402
+from tests.helpers import store_chain  # noqa: E402
 
 CALL = ToolCall(id="call_1", function=FunctionCall(name="get_weather", arguments='{"city": "Paris"}'))
 
@@ -54,10 +54,8 @@ async def _insert(url: str, run_id: str, rows: list[dict]) -> None:
                 summary = RolloutSummary(rollout_id=rid, run_id=run_id, task_id=r["task"], sample_index=r["sample"],
                                          status=r.get("status", "completed"), reward=r.get("reward"),
                                          masked=r.get("masked", False), turns=len(turns))
-                await save_rollout(s, RolloutRecord(summary=summary, env="single_tool", model="policy",
-                                                    transcript=_transcript(r["task"], r.get("answer", "Sunny."))))
-                for g in turns:
-                    await insert_generation(s, rollout_id=rid, attempt=1, model="policy", **g)
+                head = await store_chain(s, rid, _transcript(r["task"], r.get("answer", "Sunny.")), turns)
+                await save_rollout(s, RolloutRecord(summary=summary, env="single_tool", model="policy", head_id=head))
     finally:
         await engine.dispose()
 

@@ -4,34 +4,42 @@ execution wrote, whatever the order or timing of their writes. Against the real 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 
 from gymflow.kernel.store.db import migrate
-from gymflow.kernel.store.episodes import StoredMessage, save_episode
-from gymflow.kernel.store.repo import mark_rollout_started
-from gymflow.kernel.wire import ChatMessage, RolloutRecord, RolloutSummary
+from gymflow.kernel.store.episodes import NewMessage, append_messages
+from gymflow.kernel.store.repo import mark_rollout_started, write_rollout
+from gymflow.kernel.wire import RolloutRecord, RolloutSummary
 
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def _record(rid: str, run: str, started: datetime | None, reward: float, text: str) -> RolloutRecord:
-    summary = RolloutSummary(rollout_id=rid, run_id=rid.split("/")[0], task_id="t", sample_index=0,
-                             status="completed", reward=reward, turns=1)
-    return RolloutRecord(summary=summary, env="single_tool", model="policy",
-                         transcript=(ChatMessage(role="assistant", content=text),), execution_id=run,
-                         execution_started_at=started)
+@dataclass(frozen=True)
+class _Write:
+    """One execution's finish: its row and the one-message chain it produced ('old', 'new', ...)."""
+
+    rid: str
+    run: str | None
+    started: datetime | None
+    reward: float
+    text: str
 
 
-def _chain(text: str) -> list[StoredMessage]:
-    body = {"role": "assistant", "content": text}
-    return [StoredMessage(1, None, 0, "assistant", body, None, {"model": "policy", "usage": {}, "attempt": 1})]
+_record = _Write
 
 
-async def _save(url: str, record: RolloutRecord) -> None:
+async def _save(url: str, write: _Write) -> None:
+    summary = RolloutSummary(rollout_id=write.rid, run_id=write.rid.split("/")[0], task_id="t", sample_index=0,
+                             status="completed", reward=write.reward, turns=1)
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await save_episode(conn, record, _chain(record.transcript[0].content or ""))
+        [head] = await append_messages(conn, rollout_id=write.rid, parent_id=None, producer=f"{write.run}/finish",
+                                       messages=[NewMessage("assistant", {"role": "assistant", "content": write.text},
+                                                            tokens={"model": "policy", "attempt": 1})])
+        await write_rollout(conn, RolloutRecord(summary=summary, env="single_tool", model="policy", head_id=head,
+                                                execution_id=write.run, execution_started_at=write.started))
 
 
 def _row(sql, rid: str) -> tuple:

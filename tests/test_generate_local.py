@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest_asyncio
 from gymflow.activities.episode import EpisodeActivities
@@ -24,7 +25,6 @@ from gymflow.client import GymflowClient
 from gymflow.kernel import names
 from gymflow.kernel.config import Settings
 from gymflow.kernel.episode_wire import BeginRequest, TurnRequest
-from gymflow.kernel.store.db import make_engine, make_sessionmaker
 from gymflow.kernel.wire import SamplingParams
 from gymflow.testing.scripted_openai import context_length_error, http_error, text, tool_call
 from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
@@ -126,13 +126,21 @@ async def test_a_cancel_in_the_last_workflow_task_keeps_the_completed_record(loc
     assert (await handle.describe()).status.name == "CANCELED"  # Temporal's own record of the request
 
 
-async def test_a_local_episode_cancelled_mid_episode_keeps_its_transcript(local_gen, scripted, sql, run_id):
+async def test_a_local_episode_cancelled_mid_episode_keeps_its_transcript(local_gen, scripted, sql, run_id,
+                                                                        monkeypatch):
     # The cancel reaches a workflow whose turns run as local activities at its workflow task's heartbeat (80% of
-    # the 10 s task timeout); the running turn is then cancelled, and the turns before it are recorded.
+    # the task timeout: 10 s by default, 3 s here); the running turn is then cancelled, and the turns before it
+    # are recorded.
+    start_workflow = local_gen.temporal.start_workflow
+
+    def with_short_task_timeout(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - a pass-through
+        return start_workflow(*args, **kwargs, task_timeout=timedelta(seconds=3))
+
+    monkeypatch.setattr(local_gen.temporal, "start_workflow", with_short_task_timeout)
     scripted.script(tool_call("get_weather", {"city": "SF"}), text("too late", delay_s=15))
     inp = local_gen.make_input(run_id, weather_task(), 0, "policy")
     handle = await _cancel_during_second_call(local_gen, scripted, inp)
-    summary = await asyncio.wait_for(local_gen.result(handle, inp), timeout=14)  # before the slow reply
+    summary = await asyncio.wait_for(local_gen.result(handle, inp), timeout=8)  # long before the slow reply
     assert summary.status == "failed" and summary.failure_type == "workflow_cancelled"
     assert (summary.turns, summary.tool_calls) == (1, 1)
     (status, failure_type, transcript), = sql(
@@ -169,12 +177,11 @@ def _local(env: ActivityEnvironment, activity_id: str, activity_type: str) -> Ac
 async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settings, stack, run_id):
     task = weather_task()
     await gf.store_tasks(run_id, [task])
-    engine = make_engine(stack.database_url, pre_ping=False)
     models = ModelClients(settings.models)
     made: list[EpisodeActivities] = []
 
     def worker() -> EpisodeActivities:
-        made.append(EpisodeActivities(make_sessionmaker(engine), models, settings.environments))
+        made.append(EpisodeActivities(stack.database_url, models, settings.environments))
         return made[-1]
 
     try:
@@ -208,7 +215,6 @@ async def test_a_local_generate_rerun_answers_from_postgres(gf, scripted, settin
         for made_here in made:
             await made_here.close()
         await models.close()
-        await engine.dispose()
 
 
 async def test_local_episode_histories_replay(local_gen, scripted, run_id):
@@ -230,12 +236,11 @@ async def test_a_step_whose_worker_keeps_dying_ends_typed(gf, scripted, settings
 
     task = weather_task()
     await gf.store_tasks(run_id, [task])
-    engine = make_engine(stack.database_url, pre_ping=False)
     models = ModelClients(settings.models)
     rid = f"{run_id}/{task.id}/0"
     made: list[EpisodeActivities] = []
     try:
-        first = EpisodeActivities(make_sessionmaker(engine), models, settings.environments)
+        first = EpisodeActivities(stack.database_url, models, settings.environments)
         made.append(first)
         head = await _local(ActivityEnvironment(), "1", names.EPISODE_BEGIN).run(
             first.begin, BeginRequest(rollout_id=rid, run_id=run_id, task_id=task.id, sample_index=0, model="policy"))
@@ -243,10 +248,10 @@ async def test_a_step_whose_worker_keeps_dying_ends_typed(gf, scripted, settings
                            sampling=SamplingParams())
         scripted.script(text("the answer"))
         for _ in range(MAX_STEP_STARTS):  # a fresh worker each time: no cache, so each start is counted
-            made.append(EpisodeActivities(make_sessionmaker(engine), models, settings.environments))
+            made.append(EpisodeActivities(stack.database_url, models, settings.environments))
             await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(made[-1].generate, turn)
         assert len(scripted.requests) == 1  # the first start called the model; the re-runs answered from Postgres
-        made.append(EpisodeActivities(make_sessionmaker(engine), models, settings.environments))
+        made.append(EpisodeActivities(stack.database_url, models, settings.environments))
         try:
             await _local(ActivityEnvironment(), "2", names.EPISODE_GENERATE).run(made[-1].generate, turn)
         except ApplicationError as err:
@@ -257,4 +262,3 @@ async def test_a_step_whose_worker_keeps_dying_ends_typed(gf, scripted, settings
         for made_here in made:
             await made_here.close()
         await models.close()
-        await engine.dispose()

@@ -17,7 +17,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from gymflow.kernel import names
 from gymflow.kernel.config import Settings
 from gymflow.kernel.errors import ConfigError
-from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate
+from gymflow.kernel.store.db import migrate
 
 if TYPE_CHECKING:
     from gymflow.activities.env_processes import EnvProcesses
@@ -77,11 +77,9 @@ def _workflow_worker(client: Client, settings: Settings, database_url: str, out:
     from gymflow.activities.redact import Redactor
     from gymflow.workflows.episode import EpisodeWorkflow
 
-    engine = make_engine(database_url, pre_ping=False)  # activities retry every statement
-    out.closers.append(engine.dispose)
     models = ModelClients(settings.models)
     out.closers.append(models.close)
-    local = EpisodeActivities(make_sessionmaker(engine), models, settings.environments,
+    local = EpisodeActivities(database_url, models, settings.environments,
                               redactor=Redactor.from_settings(settings), processes=processes)
     out.closers.append(local.close)
     concurrency = settings.pools.workflows.concurrency
@@ -131,9 +129,6 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
         return out
 
     migrate(database_url)
-    engine = make_engine(database_url, pre_ping=False)  # activities retry every statement
-    out.closers.append(engine.dispose)
-    sessions = make_sessionmaker(engine)
 
     from gymflow.activities.episode import EpisodeActivities
     from gymflow.activities.model_client import ModelClients
@@ -147,7 +142,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
 
         logging.getLogger(__name__).info("env pool: %s", describe_limits())  # what binds code_gen's programs
 
-        episode = EpisodeActivities(sessions, models, settings.environments, redactor=redactor, processes=processes)
+        episode = EpisodeActivities(database_url, models, settings.environments, redactor=redactor, processes=processes)
         out.closers.append(episode.close)
         concurrency = settings.pools.env.concurrency
         out.workers.append(Worker(
@@ -157,7 +152,7 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
             max_task_queue_activities_per_second=settings.pools.env.rate_limit_per_s,
             graceful_shutdown_timeout=shutdown_grace))
     if "generate" in wanted:
-        episode_gen = EpisodeActivities(sessions, models, settings.environments, redactor=redactor)
+        episode_gen = EpisodeActivities(database_url, models, settings.environments, redactor=redactor)
         out.closers.append(episode_gen.close)
         # One worker per model queue: a rollout waits for a worker that has its model instead of failing on
         # one that lacks it. Concurrency and the rate limit apply per model queue.

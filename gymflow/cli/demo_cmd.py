@@ -88,7 +88,7 @@ def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_nam
     with embedded_pools(settings, config_path) as (settings, procs, addr):
         console.print(f"Temporal UI: {addr.ui_url}" if addr.ui_url else f"Temporal: {addr.temporal_address}")
         tally = asyncio.run(_collect_when_polled(settings, procs, dataset, env_name, n, console))
-        console.print(f"results are in Postgres: {addr.database_url} (tables runs, rollouts, generations; "
+        console.print(f"results are in Postgres: {addr.database_url} (runs, rollouts, generations; "
                       "views run_scores, failure_counts, latency_percentiles)")
     if tally.failed:
         raise SystemExit(1)

@@ -235,7 +235,9 @@ class RolloutRecord(Wire):
     summary: RolloutSummary
     env: str
     model: str
-    transcript: tuple[ChatMessage, ...] = ()
+    # The last message of the accepted chain: the transcript and per-turn generations are read from the chain
+    # (migration 0008). None when no message was stored (a rollout that failed before it began).
+    head_id: int | None = None
     score_details: JSON = Field(default_factory=dict)
     # The workflow execution that writes it (the fence, gymflow/kernel/store/fence.py): its run id and start time
     # on Temporal's clock. None only for a rollout no execution ran (a start Temporal refused).

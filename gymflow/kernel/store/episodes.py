@@ -3,7 +3,9 @@
 A workflow holds only a head message id; `read_chain(head)` is exactly the prefix that head extends. Writers
 append a batch under a producer key (`<workflow run id>/<activity id>`): the same producer appending again
 (a retry, or a zombie attempt racing the new one) gets the batch that was written first, never a second
-copy. Rows reachable from no accepted head (a zombie's, a reset run's) are simply not part of any episode.
+copy. Rows reachable from no accepted head (a zombie's, a reset run's) are simply not part of any episode. A
+finished rollout's row names its accepted head (`rollout_rows.head_id`); its transcript and `generations` are
+views of that chain (migration 0008), so each message is stored once.
 
 These run on psycopg connections (`Conn`; a SQLAlchemy session's is `repo.driver(session)`): the episode's hot
 path skips SQLAlchemy, which cost ~0.4 ms of CPU per statement against psycopg's ~0.08 (docs/benchmarks.md).
@@ -20,8 +22,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.store.models import TaskRow
-from gymflow.kernel.store.repo import ROLLOUT_UPSERT, Conn, rollout_params, storable
-from gymflow.kernel.wire import RolloutRecord, Task, ToolSpec
+from gymflow.kernel.store.repo import Conn, storable
+from gymflow.kernel.wire import Task, ToolSpec
 
 
 async def _one(conn: Conn, sql: str, params: Any) -> Any:
@@ -251,57 +253,3 @@ def latest_state(chain: Sequence[StoredMessage]) -> dict[str, Any]:
         if message.state is not None:
             return message.state
     return {}
-
-
-def generation_rows(rollout_id: str, chain: Sequence[StoredMessage]) -> list[dict[str, Any]]:
-    """The `generations` rows of the chain's assistant turns, numbered from 0."""
-    rows = []
-    for m in chain:
-        if m.role != "assistant" or m.tokens is None:
-            continue
-        meta = m.tokens
-        usage = meta.get("usage") or {}
-        rows.append(dict(
-            rollout_id=rollout_id, turn=len(rows), attempt=int(meta.get("attempt") or 1),
-            model=str(meta.get("model", "")), finish_reason=meta.get("finish_reason"),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            latency_s=meta.get("latency_s"), message=m.body, prompt_token_ids=meta.get("prompt_token_ids"),
-            generation_token_ids=meta.get("generation_token_ids"),
-            generation_log_probs=meta.get("generation_log_probs"), policy_version=meta.get("policy_version")))
-    return rows
-
-
-# `generations`' columns as `generation_rows` writes them, with their types for jsonb_to_recordset.
-_GENERATION_TYPES = {"rollout_id": "text", "turn": "int", "attempt": "int", "model": "text", "finish_reason": "text",
-                     "prompt_tokens": "int", "completion_tokens": "int", "latency_s": "float8", "message": "jsonb",
-                     "prompt_token_ids": "jsonb", "generation_token_ids": "jsonb", "generation_log_probs": "jsonb",
-                     "policy_version": "text"}
-_GENERATION_COLUMNS = tuple(_GENERATION_TYPES)
-# The generations are written only when the rollout's row was (the fence, store/fence.py): the upsert comes first
-# and takes the row's lock, so of two executions saving at once the second waits for the first, sees what it
-# committed, and writes nothing when it is the stale one.
-_SAVE_EPISODE = f"""
-WITH fenced AS ({ROLLOUT_UPSERT} RETURNING id),
-stale AS (DELETE FROM generations WHERE rollout_id = %(id)s AND turn >= %(n_turns)s AND EXISTS (SELECT 1 FROM fenced)),
-turns AS (
-    INSERT INTO generations ({", ".join(_GENERATION_COLUMNS)})
-    SELECT {", ".join(_GENERATION_COLUMNS)}
-    FROM jsonb_to_recordset(%(generations)s::jsonb)
-        AS g({", ".join(f"{c} {t}" for c, t in _GENERATION_TYPES.items())})
-    WHERE EXISTS (SELECT 1 FROM fenced)
-    ON CONFLICT (rollout_id, turn) DO UPDATE SET
-        {", ".join(f"{c} = EXCLUDED.{c}" for c in _GENERATION_COLUMNS[2:])}, created_at = now()
-)
-SELECT count(*) FROM fenced
-"""
-
-
-async def save_episode(conn: Conn, record: RolloutRecord, chain: Sequence[StoredMessage]) -> None:
-    """The rollout's row and exactly the accepted chain's `generations` as ONE statement: atomic without a
-    transaction, one round trip (a transaction of upsert, delete and insert took five). The chain's turns replace
-    earlier runs' rows turn by turn; a stale run's turns past the chain's last go. The generations travel as
-    one jsonb parameter, so the statement's text is the same for every episode (prepared once per connection)."""
-    rows = generation_rows(record.summary.rollout_id, chain)
-    await conn.execute(_SAVE_EPISODE, {**rollout_params(record), "n_turns": len(rows),
-                                       "generations": json.dumps(rows)})

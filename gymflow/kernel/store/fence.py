@@ -12,7 +12,7 @@ execution (a start Temporal refused) is taken only by a row nobody owns.
 from __future__ import annotations
 
 
-# `row` is the stored row (rollouts, or a CTE of its fence columns); the candidate's values are parameters.
+# `row` is the stored row (rollout_rows, or a CTE of its fence columns); the candidate's values are parameters.
 def may_write(row: str, execution: str = "%(execution_id)s", started: str = "%(execution_started_at)s") -> str:
     """SQL: true when the execution `execution` (started at `started`) may write the rollout row `row`."""
     return (f"({row}.execution_id IS NULL OR ({execution}::text IS NOT NULL "
@@ -23,6 +23,6 @@ def may_write(row: str, execution: str = "%(execution_id)s", started: str = "%(e
 # SET clauses of an upsert that moves the row to the writing execution (EXCLUDED carries its columns).
 TAKE_OVER = """execution_id = EXCLUDED.execution_id, execution_started_at = EXCLUDED.execution_started_at,
     superseded_executions = CASE
-        WHEN rollouts.execution_id IS NOT NULL AND rollouts.execution_id <> EXCLUDED.execution_id
-        THEN array_append(rollouts.superseded_executions, rollouts.execution_id)
-        ELSE rollouts.superseded_executions END"""
+        WHEN rollout_rows.execution_id IS NOT NULL AND rollout_rows.execution_id <> EXCLUDED.execution_id
+        THEN array_append(rollout_rows.superseded_executions, rollout_rows.execution_id)
+        ELSE rollout_rows.superseded_executions END"""

@@ -28,6 +28,9 @@ class Run(Base):
 
 
 class Rollout(Base):
+    """The view `rollouts` (migration 0008): the row of `rollout_rows` with its transcript read from the accepted
+    chain. Read it here; the store writes `rollout_rows` (kernel/store/repo.py)."""
+
     __tablename__ = "rollouts"
 
     id: Mapped[str] = mapped_column(sa.Text, primary_key=True, comment="<run>/<task>/<sample>")
@@ -47,7 +50,7 @@ class Rollout(Base):
     completion_tokens: Mapped[int] = mapped_column(server_default="0")
     attempts: Mapped[int] = mapped_column(server_default="0", comment="generation attempts, retries included")
     latency_s: Mapped[float | None]
-    transcript: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'::jsonb"))
+    transcript: Mapped[list[Any]] = mapped_column(deferred=True)  # derived: megabytes for a long episode
     score_details: Mapped[dict[str, Any]] = mapped_column(server_default=sa.text("'{}'::jsonb"))
     started_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), server_default=sa.func.now())
     finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
@@ -56,10 +59,12 @@ class Rollout(Base):
     execution_id: Mapped[str | None] = mapped_column(sa.Text)
     execution_started_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
     superseded_executions: Mapped[list[str]] = mapped_column(ARRAY(sa.Text), server_default="{}")
+    head_id: Mapped[int | None] = mapped_column(sa.BigInteger, comment="last message of the accepted chain")
 
 
 class Generation(Base):
-    """One model call of one turn. Token ids and logprobs live here, never in workflow history."""
+    """The view `generations` (migration 0008): one model call of one turn of the accepted chain, read from its
+    assistant message. Token ids and logprobs live in the chain, never in workflow history."""
 
     __tablename__ = "generations"
 

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.store.models import Generation, PolicyVersion, Rollout
+from gymflow.kernel.store.repo import Conn, driver
 
 MAX_VERSION_CHARS = 200
 CACHE_TTL_S = 0.5
@@ -49,18 +50,25 @@ def version_problem(version: object) -> str | None:
     return None
 
 
-async def current_version(session: AsyncSession, model: str) -> Current | None:
-    row = (await session.execute(
-        sa.select(PolicyVersion.version, PolicyVersion.ordinal).where(PolicyVersion.model == model)
-        .order_by(PolicyVersion.ordinal.desc()).limit(1))).first()
-    return Current(model, row.version, row.ordinal) if row else None
+_CURRENT = "SELECT version, ordinal FROM policy_versions WHERE model = %s ORDER BY ordinal DESC LIMIT 1"
+_ORDINAL = "SELECT max(ordinal) FROM policy_versions WHERE model = %s AND version = %s"
 
 
-async def ordinal_of(session: AsyncSession, model: str, version: str) -> int:
+async def _conn(db: AsyncSession | Conn) -> Conn:
+    """psycopg for these reads: generation's are on the episode's own connections (kernel/store/direct.py), a
+    trainer's inside its session's transaction."""
+    return await driver(db) if isinstance(db, AsyncSession) else db
+
+
+async def current_version(db: AsyncSession | Conn, model: str) -> Current | None:
+    row = await (await (await _conn(db)).execute(_CURRENT, (model,))).fetchone()
+    return Current(model, row[0], row[1]) if row else None
+
+
+async def ordinal_of(db: AsyncSession | Conn, model: str, version: str) -> int:
     """The latest ordinal declared for `version` of `model`; NO_VERSION_ORDINAL when never declared."""
-    found = await session.scalar(sa.select(sa.func.max(PolicyVersion.ordinal)).where(
-        PolicyVersion.model == model, PolicyVersion.version == version))
-    return int(found) if found is not None else NO_VERSION_ORDINAL
+    row = await (await (await _conn(db)).execute(_ORDINAL, (model, version))).fetchone()
+    return int(row[0]) if row and row[0] is not None else NO_VERSION_ORDINAL
 
 
 async def set_policy_version(session: AsyncSession, model: str, version: str) -> Current:
@@ -93,7 +101,7 @@ def reported_version(resp: Any) -> str | None:
     return value if isinstance(value, str) and version_problem(value) is None else None
 
 
-Reader = Callable[[Callable[[AsyncSession], Awaitable[Any]]], Awaitable[Any]]
+Reader = Callable[[Callable[[Conn], Awaitable[Any]]], Awaitable[Any]]
 
 
 class PolicyCache:

@@ -52,11 +52,11 @@ async def driver(session: AsyncSession) -> Conn:
 
 
 _MARK_STARTED = f"""
-INSERT INTO rollouts (id, run_id, task_id, sample_index, env, model, status, execution_id, execution_started_at)
+INSERT INTO rollout_rows (id, run_id, task_id, sample_index, env, model, status, execution_id, execution_started_at)
 VALUES (%(id)s, %(run_id)s, %(task_id)s, %(sample_index)s, %(env)s, %(model)s, 'running', %(execution_id)s,
         %(execution_started_at)s)
 ON CONFLICT (id) DO UPDATE SET status = 'running', started_at = now(), finished_at = NULL, {TAKE_OVER}
-WHERE rollouts.status <> 'completed' AND {may_write("rollouts")}
+WHERE rollout_rows.status <> 'completed' AND {may_write("rollout_rows")}
 """
 
 
@@ -71,22 +71,29 @@ async def mark_rollout_started(conn: Conn, *, rollout_id: str, run_id: str, task
 
 
 async def save_rollout(session: AsyncSession, record: RolloutRecord) -> None:
-    await (await driver(session)).execute(ROLLOUT_UPSERT, rollout_params(record))
+    await write_rollout(await driver(session), record)
+
+
+async def write_rollout(conn: Conn, record: RolloutRecord) -> None:
+    """The rollout's row in one statement (atomic on its own): the episode's transcript and turns are its chain's
+    up to `record.head_id`, so nothing else is written. A stale execution's write changes nothing (the fence)."""
+    await conn.execute(ROLLOUT_UPSERT, rollout_params(record))
 
 
 _ROLLOUT_COLUMNS = ("id", "run_id", "task_id", "sample_index", "env", "model", "status", "reward", "masked",
                     "failure_type", "failure_message", "turns", "tool_calls", "prompt_tokens", "completion_tokens",
-                    "attempts", "latency_s", "transcript", "score_details", "execution_id", "execution_started_at")
-_ROLLOUT_JSON = frozenset({"transcript", "score_details"})
+                    "attempts", "latency_s", "head_id", "score_details", "execution_id", "execution_started_at")
+_ROLLOUT_JSON = frozenset({"score_details"})
 _ROLLOUT_VALUES = ", ".join(f"%({c})s::jsonb" if c in _ROLLOUT_JSON else f"%({c})s" for c in _ROLLOUT_COLUMNS)
 # Writes the rollout's row, replacing an earlier one (a retry, a rerun) unless a newer execution owns it
-# (gymflow/kernel/store/fence.py). Values come once, as EXCLUDED; the finish time is the database's.
+# (gymflow/kernel/store/fence.py). Values come once, as EXCLUDED; the finish time is the database's. The
+# transcript is the chain that ends at `head_id` (migration 0008): what a row stored before 0008 goes.
 ROLLOUT_UPSERT = f"""
-INSERT INTO rollouts ({", ".join(_ROLLOUT_COLUMNS)}, finished_at)
+INSERT INTO rollout_rows ({", ".join(_ROLLOUT_COLUMNS)}, finished_at)
 VALUES ({_ROLLOUT_VALUES}, now())
 ON CONFLICT (id) DO UPDATE SET {", ".join(f"{c} = EXCLUDED.{c}" for c in _ROLLOUT_COLUMNS[1:-2])},
-    finished_at = now(), {TAKE_OVER}
-WHERE {may_write("rollouts")}
+    finished_at = now(), transcript_before_0008 = NULL, {TAKE_OVER}
+WHERE {may_write("rollout_rows")}
 """
 
 
@@ -99,10 +106,9 @@ def rollout_params(record: RolloutRecord) -> dict[str, Any]:
         failure_type=s.failure_type, failure_message=s.failure_message, turns=s.turns,
         tool_calls=s.tool_calls, prompt_tokens=s.usage.prompt_tokens,
         completion_tokens=s.usage.completion_tokens, attempts=s.attempts, latency_s=s.latency_s,
-        transcript=[m.model_dump(exclude_none=True) for m in record.transcript],
         score_details=record.score_details,
     ))
-    values["transcript"], values["score_details"] = json.dumps(values["transcript"]), \
-        json.dumps(values["score_details"])
+    values["score_details"] = json.dumps(values["score_details"])
+    values["head_id"] = record.head_id
     values["execution_id"], values["execution_started_at"] = record.execution_id, record.execution_started_at
     return values
