@@ -48,28 +48,30 @@ FROM rollout_rows
 _GENERATION_COLUMNS = ("rollout_id, turn, attempt, model, finish_reason, prompt_tokens, completion_tokens, latency_s, "
                        "message, prompt_token_ids, generation_token_ids, generation_log_probs, policy_version, "
                        "created_at")
+# One rollout's turns: the assistant messages of its chain, numbered from 0, or what it stored before 0008. A
+# function of the row, so a join with `generations` walks the chains of the rollouts it joins, once each (a view
+# with the numbering outside re-walked every chain per joined row).
+ROLLOUT_GENERATIONS = """
+CREATE FUNCTION rollout_generations(head bigint, rid text) RETURNS SETOF generations_before_0008
+LANGUAGE sql STABLE AS $$
+    SELECT rid, (row_number() OVER (ORDER BY c.position) - 1)::int,
+           coalesce((c.tokens->>'attempt')::int, 1), coalesce(c.tokens->>'model', ''), c.tokens->>'finish_reason',
+           coalesce((c.tokens->'usage'->>'prompt_tokens')::int, 0),
+           coalesce((c.tokens->'usage'->>'completion_tokens')::int, 0),
+           (c.tokens->>'latency_s')::float8, c.body, c.tokens->'prompt_token_ids', c.tokens->'generation_token_ids',
+           c.tokens->'generation_log_probs', c.created_at, c.tokens->>'policy_version'
+    FROM episode_chain(head) c WHERE head IS NOT NULL AND c.role = 'assistant' AND c.tokens IS NOT NULL
+  UNION ALL
+    SELECT g.* FROM generations_before_0008 g
+    WHERE head IS NULL AND g.rollout_id = rid
+      AND EXISTS (SELECT 1 FROM rollout_rows r WHERE r.id = rid AND r.transcript_before_0008 IS NOT NULL)
+$$
+"""
+
 GENERATIONS = f"""
 CREATE VIEW generations AS
-SELECT r.id AS rollout_id,
-       (row_number() OVER (PARTITION BY r.id ORDER BY c.position) - 1)::int AS turn,
-       coalesce((c.tokens->>'attempt')::int, 1) AS attempt,
-       coalesce(c.tokens->>'model', '') AS model,
-       c.tokens->>'finish_reason' AS finish_reason,
-       coalesce((c.tokens->'usage'->>'prompt_tokens')::int, 0) AS prompt_tokens,
-       coalesce((c.tokens->'usage'->>'completion_tokens')::int, 0) AS completion_tokens,
-       (c.tokens->>'latency_s')::float8 AS latency_s,
-       c.body AS message,
-       c.tokens->'prompt_token_ids' AS prompt_token_ids,
-       c.tokens->'generation_token_ids' AS generation_token_ids,
-       c.tokens->'generation_log_probs' AS generation_log_probs,
-       c.tokens->>'policy_version' AS policy_version,
-       c.created_at
-FROM rollout_rows r CROSS JOIN LATERAL episode_chain(r.head_id) c
-WHERE r.head_id IS NOT NULL AND c.role = 'assistant' AND c.tokens IS NOT NULL
-UNION ALL
-SELECT {", ".join(f"g.{c.strip()}" for c in _GENERATION_COLUMNS.split(","))}
-FROM generations_before_0008 g JOIN rollout_rows r ON r.id = g.rollout_id
-WHERE r.head_id IS NULL AND r.transcript_before_0008 IS NOT NULL
+SELECT r.id AS rollout_id, {", ".join(f"g.{c.strip()}" for c in _GENERATION_COLUMNS.split(",")[1:])}
+FROM rollout_rows r CROSS JOIN LATERAL rollout_generations(r.head_id, r.id) g
 """
 
 # The 0002 views (run_scores, ...) follow the table through the rename: they read `rollout_rows`, which has every
@@ -84,7 +86,7 @@ def upgrade() -> None:
     op.execute("ALTER TABLE rollout_rows ADD COLUMN head_id bigint")
     op.execute("COMMENT ON COLUMN rollout_rows.head_id IS 'last message of the accepted chain (messages.id)'")
     op.execute("ALTER TABLE generations RENAME TO generations_before_0008")
-    for sql in (EPISODE_CHAIN, ROLLOUT_TRANSCRIPT, ROLLOUTS, GENERATIONS):
+    for sql in (EPISODE_CHAIN, ROLLOUT_TRANSCRIPT, ROLLOUTS, ROLLOUT_GENERATIONS, GENERATIONS):
         op.execute(sql)
 
 
@@ -99,6 +101,7 @@ def downgrade() -> None:
     op.execute("UPDATE rollout_rows SET transcript_before_0008 = rollout_transcript(head_id, transcript_before_0008)")
     op.execute("DROP VIEW generations")
     op.execute("DROP VIEW rollouts")
+    op.execute("DROP FUNCTION rollout_generations(bigint, text)")
     op.execute("DROP FUNCTION rollout_transcript(bigint, jsonb)")
     op.execute("DROP FUNCTION episode_chain(bigint)")
     op.execute("ALTER TABLE generations_before_0008 RENAME TO generations")
