@@ -1,13 +1,14 @@
 """The OpenAI-compatible HTTP server in front of `Engine`.
 
-http.server threads parse and validate requests; one worker thread runs the model, so requests are served one
-at a time in arrival order and a weight swap lands between two requests, never inside one. (Batching would not
-pay on 2 CPU cores for a 135M model: see docs/local-model.md.) No request content is ever logged. The control
+An aiohttp event loop (its own thread) parses and validates requests; one worker thread runs the model, in
+arrival order, chat requests waiting together as one batch, and a weight swap lands between two batches, never
+inside one. A waiting request holds a future, not a thread. No request content is ever logged. The control
 endpoint (`/v1/load_weights`) needs the control token and loads only from under the weights root (control.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -17,11 +18,12 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gymflow.http_service import ThreadedHTTPService, listen_host
+from aiohttp import web
+
+from gymflow.http_service import ThreadedHTTPService, json_app, listen_host, read_body
 from gymflow.localmodel.control import WeightsRoot, authorized
 from gymflow.localmodel.engine import Engine, Generation, check_weights_dir, finite, load_model
 from gymflow.localmodel.request import BadRequest, ChatRequest, parse_request
@@ -79,24 +81,34 @@ class _Worker:
             for (_, _, fut), result in zip(jobs, results, strict=True):
                 fut.set_exception(result) if isinstance(result, BaseException) else fut.set_result(result)
 
-    def _submit(self, kind: str, payload: Any, timeout_s: float) -> Any:
+    def _submit(self, kind: str, payload: Any) -> Future:
         fut: Future = Future()
         with self._cond:
             if len(self._jobs) >= self._queue_size:
                 raise BadRequest("the local model's queue is full; retry later", status=503)
             self._jobs.append((kind, payload, fut))
             self._cond.notify()
+        return fut
+
+    def call(self, fn: Callable[[], Any], timeout_s: float) -> Any:
+        """From a thread: wait for `fn` to have run on the worker."""
+        fut = self._submit("call", fn)
         try:
             return fut.result(timeout=timeout_s)
         except FutureTimeout:
             fut.cancel()
-            raise BadRequest(f"the local model did not answer within {timeout_s:.0f}s", status=503) from None
+            raise _late(timeout_s) from None
 
-    def call(self, fn: Callable[[], Any], timeout_s: float) -> Any:
-        return self._submit("call", fn, timeout_s)
+    async def chat(self, req: ChatRequest, timeout_s: float) -> Any:
+        """From the event loop: the completion, the loop free while the request waits and runs."""
+        try:  # a timeout cancels the wrapped future, so a request not yet taken is dropped from its batch
+            return await asyncio.wait_for(asyncio.wrap_future(self._submit("chat", req)), timeout_s)
+        except TimeoutError:
+            raise _late(timeout_s) from None
 
-    def chat(self, req: ChatRequest, timeout_s: float) -> Any:
-        return self._submit("chat", req, timeout_s)
+
+def _late(timeout_s: float) -> BadRequest:
+    return BadRequest(f"the local model did not answer within {timeout_s:.0f}s", status=503)
 
 
 def _logprobs(engine: Engine, gen: Generation) -> dict[str, Any]:
@@ -144,9 +156,7 @@ class LocalModelServer(ThreadedHTTPService):
         self.weights_root = WeightsRoot(weights_root) if weights_root is not None else None
         self._worker = _Worker(queue_size, max_batch, self._run_batch)
         self._load_lock = threading.Lock()
-        server = ThreadingHTTPServer((listen_host(host), port), self._handler())
-        server.daemon_threads = True
-        self._serve(server, "localmodel-http")
+        self._serve(json_app(self._get, self._post, MAX_BODY_BYTES), listen_host(host), port, "localmodel-http")
 
     def start(self) -> LocalModelServer:
         self._worker.start()
@@ -159,7 +169,7 @@ class LocalModelServer(ThreadedHTTPService):
     def serve_forever(self) -> None:
         self._worker.start()
         try:
-            self._server.serve_forever()
+            super().serve_forever()
         finally:
             self._worker.stop()
 
@@ -170,13 +180,13 @@ class LocalModelServer(ThreadedHTTPService):
         return {"object": "list", "data": [{"id": e.name, "object": "model", "owned_by": "gymflow",
                                             "policy_version": e.version, "max_model_len": e.context}]}
 
-    def chat(self, body: Any) -> dict[str, Any]:
+    async def chat(self, body: Any) -> dict[str, Any]:
         req = parse_request(body)
         if req.model is not None and req.model != self.engine.name:
             raise BadRequest(f"The model `{req.model[:100]}` does not exist; this server serves "
                              f"`{self.engine.name}`", status=404, code="model_not_found")
 
-        return self._worker.chat(req, self.request_timeout_s)
+        return await self._worker.chat(req, self.request_timeout_s)
 
     def _run_batch(self, reqs: list[ChatRequest]) -> list[dict[str, Any] | BadRequest]:
         """On the worker thread: the version read here is the one that produced these completions."""
@@ -208,68 +218,50 @@ class LocalModelServer(ThreadedHTTPService):
         log.info("loaded weights version %s in %.1fs", version, time.monotonic() - started)
         return {"policy_version": version, "load_s": round(time.monotonic() - started, 3)}
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        return type("Handler", (_Handler,), {"outer": self})
+    # --- HTTP ------------------------------------------------------------------------------------------------
 
+    async def _get(self, request: web.Request) -> web.Response:
+        log.debug("GET %s", request.raw_path)  # request lines only at debug: never bodies
+        path = request.raw_path
+        if path in ("/v1/models", "/models"):
+            return _send(200, self.models())
+        if path == "/health":
+            return _send(200, {"status": "ok", "policy_version": self.engine.version})
+        return _error(404, f"no such endpoint: GET {path[:100]}")
 
-class _Handler(BaseHTTPRequestHandler):
-    outer: LocalModelServer
-
-    def log_message(self, *args: Any) -> None:  # request lines only at debug: never bodies
-        log.debug("%s %s", self.command, self.path)
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
+    async def _post(self, request: web.Request) -> web.Response:
+        log.debug("POST %s", request.raw_path)
+        path = request.raw_path
+        if path not in ("/v1/chat/completions", "/v1/load_weights"):
+            return _error(404, f"no such endpoint: POST {path[:100]}")
+        if path in CONTROL_PATHS and not authorized(request.headers.get("Authorization"), self.control_token):
+            return _error(401, "load_weights needs `Authorization: Bearer <control token>` (the server's token "
+                               "file)", "unauthorized", close=True)  # the body is never read
         try:
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    def _error(self, status: int, message: str, code: str | None = None) -> None:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        self._send(status, {"error": {"message": message, "type": kind, "code": code}})
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self.path in ("/v1/models", "/models"):
-            self._send(200, self.outer.models())
-        elif self.path == "/health":
-            self._send(200, {"status": "ok", "policy_version": self.outer.engine.version})
-        else:
-            self._error(404, f"no such endpoint: GET {self.path[:100]}")
-
-    def _body(self) -> Any:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise BadRequest("Content-Length must be an integer") from None
-        if length < 0:
-            raise BadRequest("Content-Length must not be negative")
-        if length > MAX_BODY_BYTES:
-            raise BadRequest(f"the request body is over {MAX_BODY_BYTES} bytes", status=413)
-        try:
-            return json.loads(self.rfile.read(length) or b"null")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(f"the request body is not valid JSON: {str(e)[:120]}") from None
-
-    def do_POST(self) -> None:  # noqa: N802
-        routes = {"/v1/chat/completions": self.outer.chat, "/v1/load_weights": self.outer.load_weights}
-        route = routes.get(self.path)
-        if route is None:
-            self._error(404, f"no such endpoint: POST {self.path[:100]}")
-            return
-        if self.path in CONTROL_PATHS and not authorized(self.headers.get("Authorization"), self.outer.control_token):
-            self.close_connection = True  # the body is never read
-            self._error(401, "load_weights needs `Authorization: Bearer <control token>` (the server's token file)",
-                        "unauthorized")
-            return
-        try:
-            self._send(200, route(self._body()))
+            raw = await read_body(request, MAX_BODY_BYTES)
+            if raw is None:
+                return _error(413, f"the request body is over {MAX_BODY_BYTES} bytes", close=True)
+            try:
+                body = json.loads(raw or b"null")
+            except (ValueError, UnicodeDecodeError) as e:
+                raise BadRequest(f"the request body is not valid JSON: {str(e)[:120]}") from None
+            if path == "/v1/chat/completions":
+                return _send(200, await self.chat(body))
+            return _send(200, await asyncio.to_thread(self.load_weights, body))  # loads for seconds: not here
         except BadRequest as e:
-            self._error(e.status, str(e), e.code)
+            return _error(e.status, str(e), e.code)
         except Exception as e:  # noqa: BLE001 - a bug or a broken model: a 500 the client may retry
             log.exception("local model request failed")
-            self._error(500, f"local model error: {type(e).__name__}: {str(e)[:200]}")
+            return _error(500, f"local model error: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _send(status: int, payload: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, body=json.dumps(payload).encode(), content_type="application/json")
+
+
+def _error(status: int, message: str, code: str | None = None, close: bool = False) -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    resp = _send(status, {"error": {"message": message, "type": kind, "code": code}})
+    if close:
+        resp.force_close()
+    return resp

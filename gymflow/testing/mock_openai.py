@@ -22,6 +22,7 @@ orchestration overhead between one reply and the next request of the same rollou
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import re
@@ -29,12 +30,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+
+from aiohttp import web
 
 # The completion body shape is the scripted server's: one place decides what a completion looks like.
-from gymflow.http_service import ThreadedHTTPService
+from gymflow.http_service import ThreadedHTTPService, json_app, read_body
 from gymflow.testing.scripted_openai import Reply, _completion, text, tool_call
 
 ROLLOUT_HEADER = "x-gymflow-rollout"  # a per-rollout id, when the caller sends one (better than a prompt hash)
@@ -224,7 +225,9 @@ class MockOpenAI(ThreadedHTTPService):
         self.answers, self.correct_fraction, self.seed = answers, correct_fraction, seed
         self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
         self._lock = threading.Lock()
-        self._serve(_Server((host, port), self._handler()))
+        app = json_app(self._get, self._post, MAX_BODY_BYTES)
+        # 1,000 rollouts connect at once at the top of the latency curve; a short accept queue drops SYNs.
+        self._serve(app, host, port, backlog=2048)
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         with self._lock:
@@ -237,79 +240,49 @@ class MockOpenAI(ThreadedHTTPService):
         with self._lock:
             self.records.append(record)
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        outer = self
+    async def _get(self, request: web.Request) -> web.Response:
+        if request.path == "/stats":
+            return _json(200, self.stats(request.query.get("reset", "0") not in ("0", "")))
+        return _json(200, {"object": "list", "data": [{"id": "mock", "object": "model"}]})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: the workers' client reuses connections
-            # Headers and body go out in two writes: with Nagle on, the body waits for the client's delayed ACK
-            # of the headers (~200 ms on a kept-alive connection), which would be measured as orchestration time.
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
-
-            def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                if status != 200:  # the body may be unread: the connection cannot carry another request
-                    self.close_connection = True
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def do_GET(self) -> None:  # noqa: N802
-                url = urlparse(self.path)
-                if url.path == "/stats":
-                    reset = parse_qs(url.query).get("reset", ["0"])[0] not in ("0", "")
-                    self._send(200, outer.stats(reset))
-                else:
-                    self._send(200, {"object": "list", "data": [{"id": "mock", "object": "model"}]})
-
-            def do_POST(self) -> None:  # noqa: N802
-                arrived, arrived_wall = time.monotonic(), time.time()
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    length = -1
-                if not 0 <= length <= MAX_BODY_BYTES:
-                    self._send(400, {"error": {"message": "Content-Length missing or too large",
-                                               "type": "invalid_request_error", "code": None}})
-                    return
-                try:
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                except (ValueError, UnicodeDecodeError):
-                    body = None
-                if not isinstance(body, dict):
-                    self._send(400, {"error": {"message": "the body is not a JSON object",
-                                               "type": "invalid_request_error", "code": None}})
-                    return
-                headers = dict(self.headers.items())
-                right = bool(outer.answers) and is_right(task_key(headers, body), outer.correct_fraction,
-                                                         outer.seed)
-                reply = respond(body, outer.answers, right)
-                if outer.latency_s:
-                    time.sleep(outer.latency_s)
-                model = body.get("model") if isinstance(body.get("model"), str) else "mock"
-                self._send(200, _completion(reply, model))
-                turn = sum(1 for m in _messages(body) if m.get("role") == "assistant")
-                outer._record(Record(conversation_key(headers, body), turn, arrived,
-                                     time.monotonic(), arrived_wall, time.time(), bool(reply.tool_calls)))
-
-        return Handler
-
-    def serve_forever(self) -> None:
-        self._server.serve_forever()
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        arrived, arrived_wall = time.monotonic(), time.time()
+        raw = await read_body(request, MAX_BODY_BYTES)
+        if raw is None:
+            return _error("Content-Length missing or too large")
+        try:
+            body = json.loads(raw or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
+            return _error("the body is not a JSON object")
+        headers = dict(request.headers.items())
+        right = bool(self.answers) and is_right(task_key(headers, body), self.correct_fraction, self.seed)
+        reply = respond(body, self.answers, right)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        model = body.get("model") if isinstance(body.get("model"), str) else "mock"
+        resp = _json(200, _completion(reply, model))
+        try:  # sent here, not after the handler returns, so `sent` is when the reply left
+            await resp.prepare(request)
+            await resp.write_eof()
+        except ConnectionError:
+            pass
+        turn = sum(1 for m in _messages(body) if m.get("role") == "assistant")
+        self._record(Record(conversation_key(headers, body), turn, arrived, time.monotonic(), arrived_wall,
+                            time.time(), bool(reply.tool_calls)))
+        return resp
 
 
+def _json(status: int, payload: Any) -> web.Response:
+    resp = web.Response(status=status, body=json.dumps(payload).encode(), content_type="application/json")
+    if status != 200:  # the body may be unread: the connection cannot carry another request
+        resp.force_close()
+    return resp
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 2048  # 1,000 rollouts connect at once at the top of the latency curve; 5 drops SYNs
+
+def _error(message: str) -> web.Response:
+    return _json(400, {"error": {"message": message, "type": "invalid_request_error", "code": None}})
 
 
 def main() -> None:

@@ -8,17 +8,20 @@ processes reach it exactly as they would reach vLLM.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gymflow.http_service import ThreadedHTTPService
+from aiohttp import web
+
+from gymflow.http_service import ThreadedHTTPService, json_app, read_body
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -175,9 +178,8 @@ class ScriptedOpenAI(ThreadedHTTPService):
         self._queue: deque[Reply] = deque()
         self._lock = threading.Lock()
         self.request_seen = threading.Event()
-        server = ThreadingHTTPServer((host, port), self._handler())
-        server.daemon_threads = True
-        self._serve(server)
+        app = json_app(self._get, self._post, MAX_BODY_BYTES)
+        self._serve(app, host, port)
 
     def script(self, *replies: Reply) -> None:
         with self._lock:
@@ -199,54 +201,43 @@ class ScriptedOpenAI(ThreadedHTTPService):
         self.request_seen.set()
         return reply
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        outer = self
+    async def _get(self, request: web.Request) -> web.Response:
+        return _json(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        raw = await read_body(request, MAX_BODY_BYTES)
+        if raw is None:
+            return _json(413, {"error": {"message": f"the request body is over {MAX_BODY_BYTES} bytes",
+                                         "type": "invalid_request_error", "code": None}}, close=True)
+        try:
+            body = json.loads(raw or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            return _json(400, {"error": {"message": "the request body is not valid JSON",
+                                         "type": "invalid_request_error", "code": None}}, close=True)
+        reply = self._next(dict(request.headers.items()), body)
+        if self.latency_s or reply.delay_s:
+            await asyncio.sleep(self.latency_s + reply.delay_s)
+        if reply.disconnect:  # close without answering; aiohttp then finds the transport closed and writes nothing
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()
+        if reply.raw is not None:
+            return _json(reply.status, reply.raw, reply.headers, reply.content_type)
+        if reply.status != 200:
+            return _json(reply.status, {"error": reply.error}, reply.headers)
+        completion = _completion(reply, body.get("model", "scripted"), bool(body.get("return_token_ids")))
+        if self.tokenizer:
+            _tokenize(completion, body, self.tokenizer)
+        return _json(200, completion, reply.headers)
 
-            def _send(self, status: int, payload: dict[str, Any] | bytes, headers: dict[str, str] | None = None,
-                      content_type: str = "application/json") -> None:
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
-            def do_GET(self) -> None:  # noqa: N802
-                self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
-
-            def do_POST(self) -> None:  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                reply = outer._next(dict(self.headers.items()), body)
-                if outer.latency_s or reply.delay_s:
-                    time.sleep(outer.latency_s + reply.delay_s)
-                if reply.disconnect:
-                    self.close_connection = True
-                    try:
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                elif reply.raw is not None:
-                    self._send(reply.status, reply.raw, reply.headers, reply.content_type)
-                elif reply.status != 200:
-                    self._send(reply.status, {"error": reply.error}, reply.headers)
-                else:
-                    completion = _completion(reply, body.get("model", "scripted"), bool(body.get("return_token_ids")))
-                    if outer.tokenizer:
-                        _tokenize(completion, body, outer.tokenizer)
-                    self._send(200, completion, reply.headers)
-
-        return Handler
-
+def _json(status: int, payload: Any, headers: dict[str, str] | None = None,
+          content_type: str = "application/json", close: bool = False) -> web.Response:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    resp = web.Response(status=status, body=data, headers={"Content-Type": content_type, **(headers or {})})
+    if close:
+        resp.force_close()
+    return resp
 
 
 def weather_responder(body: dict[str, Any]) -> Reply:
@@ -267,7 +258,7 @@ def main() -> None:
     args = ap.parse_args()
     server = ScriptedOpenAI(port=args.port, default=text(args.reply), latency_s=args.latency)
     print(server.base_url, flush=True)
-    server._server.serve_forever()
+    server.serve_forever()
 
 
 if __name__ == "__main__":

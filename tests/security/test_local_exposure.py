@@ -82,7 +82,7 @@ def test_an_empty_host_never_means_every_interface(host: str | None) -> None:
 
 def test_test_servers_default_to_loopback() -> None:
     with ScriptedOpenAI() as server:
-        assert server._server.server_address[0] == "127.0.0.1"
+        assert server.server_address[0] == "127.0.0.1"
 
 
 def test_the_temporal_dev_server_and_its_ui_are_told_loopback(tmp_path: Path) -> None:

@@ -124,9 +124,9 @@ def test_without_a_weights_root_load_weights_is_refused() -> None:
 def test_the_server_listens_on_loopback_by_default_and_for_an_empty_host(server: Any) -> None:
     from gymflow.localmodel.server import LocalModelServer
 
-    assert server._server.server_address[0] == "127.0.0.1"
+    assert server.server_address[0] == "127.0.0.1"
     with LocalModelServer(TinyEngine(), host="") as srv:  # type: ignore[arg-type]
-        assert srv._server.server_address[0] == "127.0.0.1"  # not every interface, as bind("") would be
+        assert srv.server_address[0] == "127.0.0.1"  # not every interface, as bind("") would be
 
 
 # ---- the token file ----------------------------------------------------------------------------------------
