@@ -35,6 +35,7 @@ from temporalio.exceptions import (
 )
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
 
 from gymflow.kernel import failures, names
 from gymflow.kernel.config import Settings
@@ -367,20 +368,20 @@ class GymflowClient:
 
     async def _with_store(self, write: Callable[[], Awaitable[None]], what: str) -> None:
         """Run `write` (one transaction), waiting (bounded) for an unreachable Postgres to come back."""
-        started = time.monotonic()
-        while True:
-            try:
-                return await write()
-            except OperationalError as err:
-                waited = time.monotonic() - started
-                where = database_location(self._database_url)
-                if not is_unreachable(err) or waited >= self.reconnect_wait_s:
-                    raise GymflowError(
-                        f"Postgres at {where} refused or did not answer ({what}: "
-                        f"{failures.short_message(err.orig or err, 200)}); run the same command again once it "
-                        "is back", failure_type=failures.STORE_UNAVAILABLE) from None
-                self.on_notice(f"Postgres at {where} unreachable, retrying (since {waited:.0f} s)")
-                await asyncio.sleep(min(5.0, 0.5 + waited / 2))
+        where = database_location(self._database_url)
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception(is_unreachable), stop=stop_after_delay(self.reconnect_wait_s),
+                    wait=lambda rs: min(5.0, 0.5 + rs.seconds_since_start / 2), reraise=True,
+                    before_sleep=lambda rs: self.on_notice(
+                        f"Postgres at {where} unreachable, retrying (since {rs.seconds_since_start:.0f} s)")):
+                with attempt:
+                    await write()
+        except OperationalError as err:
+            raise GymflowError(
+                f"Postgres at {where} refused or did not answer ({what}: "
+                f"{failures.short_message(err.orig or err, 200)}); run the same command again once it "
+                "is back", failure_type=failures.STORE_UNAVAILABLE) from None
 
     async def _rejected(self, inp: RolloutInput, err: RPCError) -> RolloutSummary:
         """Temporal refused this one rollout (payload or id too large...): record it, the collection goes on."""

@@ -32,6 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 POOLS = ("workflows", "env", "generate")
 TASKS, SAMPLES = 100, 2
 RUN = "chaos"
+STEP_PROGRESS = 4  # rollouts that must end between two faults: what was killed is back and serving
+OUTAGE_NOTICE = "Temporal unreachable at"  # what `gymflow collect` prints once an outage reaches its own code
+# ... or, when the restarted collector is still connecting (a loaded machine), what its start-up wait prints.
+STARTUP_NOTICE = "unreachable, retrying"
 # Tight bounds so a fault costs seconds: hangs past the 2 s request timeout, heartbeats expose dead workers.
 LIMITS = {
     "generate": {"start_to_close_s": 10, "schedule_to_close_s": 120, "heartbeat_s": 2, "max_attempts": 6,
@@ -160,7 +164,9 @@ def _restart_postgres(stack: LocalStack, down_s: float) -> None:
     stack._start_postgres()  # noqa: SLF001 - same data dir, same socket
 
 
-def _restart_temporal(stack: LocalStack, port: int, down_s: float) -> None:
+def _restart_temporal(stack: LocalStack, port: int, collector: Collector) -> None:
+    """Kill -9 Temporal and keep it down until the collecting client has announced the outage: past the SDK's
+    own ~10 s of call retries, so gymflow's reconnect path is what rides it out."""
     proc = stack._temporal  # noqa: SLF001 - the test owns this stack
     assert proc is not None
     proc.send_signal(signal.SIGKILL)
@@ -168,29 +174,65 @@ def _restart_temporal(stack: LocalStack, port: int, down_s: float) -> None:
     deadline = time.monotonic() + 10
     while port_in_use(port) and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(down_s)
+    deadline = time.monotonic() + 60
+    while not _announced(collector.output(collector.runs)):
+        assert time.monotonic() < deadline, f"collect never announced the outage:\n{collector.output(collector.runs)}"
+        assert collector.proc is not None and collector.proc.poll() is None, collector.output(collector.runs)
+        time.sleep(0.1)
     stack._start_temporal()  # noqa: SLF001 - same port, same database file
 
 
+def _announced(out: str) -> bool:
+    return OUTAGE_NOTICE in out or STARTUP_NOTICE in out
+
+
+def _finished(database_url: str) -> int | None:
+    """How many of the run's rollouts have ended (None while Postgres is not answering)."""
+    try:
+        with psycopg.connect(database_url, autocommit=True, connect_timeout=2) as conn:
+            row = conn.execute("SELECT count(*) FROM rollouts WHERE run_id = %s AND status <> 'running'",
+                               (RUN,)).fetchone()
+    except psycopg.OperationalError:
+        return None
+    except psycopg.errors.UndefinedTable:  # before the first worker or client has migrated the database
+        return 0
+    return row[0] if row else 0
+
+
+def _progress(database_url: str, since: int, done: list[str]) -> int:
+    """Wait until STEP_PROGRESS more rollouts have ended since the last fault (so whatever it killed is back and
+    serving), and check that the collection is still under way, so the next fault hits rollouts in flight."""
+    deadline = time.monotonic() + 120
+    while (count := _finished(database_url)) is None or count < since + STEP_PROGRESS:
+        assert time.monotonic() < deadline, f"no progress after {done}: {count} ended"
+        time.sleep(0.2)
+    assert count < TASKS * SAMPLES, f"the collection ended before the next fault, after {done}"
+    return count
+
+
 def _chaos(world: dict, pools: Supervisor, collector: Collector) -> list[str]:
-    """The schedule of faults, while the collection runs. Returns what was done, for the failure message."""
+    """The schedule of faults, while the collection runs, each once the one before has been recovered from (the
+    rollouts progress again). Returns what was done and how many rollouts had ended, for the failure message."""
     stack, port = world["stack"], int(world["addr"].temporal_address.rsplit(":", 1)[1])
+    database_url = world["addr"].database_url
     done: list[str] = []
     steps = [
-        (3, "kill -9 generate pool", lambda: pools.kill("generate")),
-        (3, "kill -9 env pool", lambda: pools.kill("env")),
-        (3, "kill -9 workflows pool", lambda: pools.kill("workflows")),
-        (2, "kill -9 the collecting client, start it again", lambda: (
+        ("kill -9 generate pool", lambda: pools.kill("generate")),
+        ("kill -9 env pool", lambda: pools.kill("env")),
+        ("kill -9 workflows pool", lambda: pools.kill("workflows")),
+        ("kill -9 the collecting client, start it again", lambda: (
             collector.proc.send_signal(signal.SIGKILL), collector.proc.wait(10), collector.start())),
-        (3, "restart Postgres (immediate stop, 4 s down)", lambda: _restart_postgres(stack, 4)),
-        # 12 s: past the SDK's own ~10 s of call retries, so gymflow's reconnect path is what rides it out.
-        (4, "restart Temporal (kill -9, 12 s down)", lambda: _restart_temporal(stack, port, 12)),
-        (3, "kill -9 generate and env pools", lambda: (pools.kill("generate"), pools.kill("env"))),
+        ("restart Postgres (immediate stop, 1 s down)", lambda: _restart_postgres(stack, 1)),
+        ("kill -9 generate and env pools", lambda: (pools.kill("generate"), pools.kill("env"))),
+        # Last: while it is down the workers finish most episodes, whose results land once it is back.
+        ("restart Temporal (kill -9, down until collect announces it)",
+         lambda: _restart_temporal(stack, port, collector)),
     ]
-    for wait_s, what, act in steps:
-        time.sleep(wait_s)
+    ended, started = 0, time.monotonic()
+    for what, act in steps:
+        ended = _progress(database_url, ended, done)
         act()
-        done.append(what)
+        done.append(f"{what} ({ended} ended, at {time.monotonic() - started:.1f} s)")
     return done
 
 
@@ -208,7 +250,9 @@ def test_chaos_loses_and_duplicates_nothing(chaos_world: dict) -> None:
     with Supervisor(world["config"], world["logs"]) as pools:
         collector = Collector(world["dataset"], world["config"], world["logs"])
         collector.start()
+        started = time.monotonic()
         done = _chaos(world, pools, collector)
+        print(f"\nchaos steps, in {time.monotonic() - started:.1f} s: {done}")
         # Run collect until one run ends without a traceback: each rerun attaches and skips what finished.
         deadline = time.monotonic() + 300
         while True:
@@ -221,6 +265,9 @@ def test_chaos_loses_and_duplicates_nothing(chaos_world: dict) -> None:
             collector.start()
         # Run 1 was killed on purpose; run 2 must ride out the Postgres and Temporal restarts by itself.
         assert collector.runs == 2, f"collect had to be run {collector.runs} times"
+        out = collector.output(2)
+        # Rode out by gymflow's own waits: the reconnect path (announced, then back) or the start-up connect's.
+        assert (OUTAGE_NOTICE in out and " is back (after " in out) or STARTUP_NOTICE in out, out[-3000:]
 
     with psycopg.connect(world["addr"].database_url, autocommit=True) as conn:
         rows = conn.execute("SELECT id, status, failure_type FROM rollouts WHERE run_id = %s", (RUN,)).fetchall()

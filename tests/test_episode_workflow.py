@@ -218,23 +218,37 @@ async def test_placement_pool_sends_the_steps_to_the_env_pool(ep, scripted, run_
 
 
 @pytest.mark.usefixtures("faulty_env")
-async def test_a_zombie_attempt_s_late_write_never_replaces_the_accepted_one(ep, scripted, sql, run_id):
-    # run_tools' first attempt outlives its 2 s start-to-close; attempt 2 answers and is accepted; then the
+async def test_a_zombie_attempt_s_late_write_never_replaces_the_accepted_one(ep, scripted, sql, run_id,
+                                                                            monkeypatch):
+    # run_tools' first attempt outlives its 1 s start-to-close; attempt 2 answers and is accepted; then the
     # zombie finishes and tries to append its own tool message under the same producer key.
+    import gymflow.activities.episode as episode_activities
+
+    import tests.faulty_env
+
+    monkeypatch.setattr(tests.faulty_env, "ZOMBIE_S", 2.0)  # past the 1 s start-to-close, by a margin
+    appends: list[tuple[str, bool]] = []  # (rollout id, whether the producer had already written its batch)
+    real_append = episode_activities.append_batch
+
+    async def recording_append(conn, **kwargs):  # noqa: ANN001, ANN202 - a pass-through spy
+        result = await real_append(conn, **kwargs)
+        appends.append((kwargs["rollout_id"], result[1] is not None))
+        return result
+
+    monkeypatch.setattr(episode_activities, "append_batch", recording_append)
     zombies_before = len(ZOMBIES_RETURNED)
     scripted.script(tool_call("zombie", {"text": "z"}), text("done"))
     inp = ep.make_input(run_id, faulty_task("zombie"), 0, "policy")
-    env_limits = inp.limits.env.model_copy(update={"start_to_close_s": 2, "heartbeat_s": None,
+    env_limits = inp.limits.env.model_copy(update={"start_to_close_s": 1, "heartbeat_s": None,
                                                    "initial_backoff_s": 0.1})
     inp = inp.model_copy(update={"limits": inp.limits.model_copy(update={"env": env_limits})})
     summary = await ep.run_rollout(inp)
     assert summary.status == "completed", summary
-    for _ in range(200):  # until the zombie has returned; then give its write time to land
-        if len(ZOMBIES_RETURNED) > zombies_before:
-            break
-        await asyncio.sleep(0.1)
-    assert len(ZOMBIES_RETURNED) > zombies_before, "the zombie attempt never returned"
-    await asyncio.sleep(2)
+    deadline = asyncio.get_running_loop().time() + 20
+    # Until the zombie has returned and its write has been made and found the accepted batch in place.
+    while not (len(ZOMBIES_RETURNED) > zombies_before and (inp.rollout_id, True) in appends):
+        assert asyncio.get_running_loop().time() < deadline, (len(ZOMBIES_RETURNED) - zombies_before, appends)
+        await asyncio.sleep(0.05)
     tool_rows = sql("SELECT body->>'content' FROM messages WHERE rollout_id = %s AND role = 'tool'", inp.rollout_id)
     assert tool_rows == [("answered by attempt 2",)], tool_rows
     (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)[0]

@@ -74,6 +74,9 @@ async def test_any_model_reply_ends_typed(gf, scripted, sql, script: list[tuple[
     # Each reply once (a retry then gets the next) or 4 times (every attempt of a turn: TEST_LIMITS).
     scripted.script(*(reply for reply, times in script for _ in range(times)))
     inp = gf.make_input(RUN_ID, user_task("weather?", task_id=f"fuzz-{next(_ids)}"), 0, "policy", max_turns=3)
+    # The same 4 attempts per turn, with no waiting between them: what a reply turns into does not depend on it.
+    generate = inp.limits.generate.model_copy(update={"initial_backoff_s": 0.01, "max_backoff_s": 0.02})
+    inp = inp.model_copy(update={"limits": inp.limits.model_copy(update={"generate": generate})})
     summary = await gf.run_rollout(inp)
     assert summary.status in ("completed", "failed"), summary
     rows = sql("SELECT status, failure_type, failure_message FROM rollouts WHERE id = %s", inp.rollout_id)

@@ -18,7 +18,12 @@ from gymflow.training.groups import failed_members, incomplete_verdict
 from gymflow.training.iterator import Position, RolloutIterator
 from gymflow.training.policy import declare_policy_version
 from gymflow.training.rows import row_group
-from tests.faulty_env import ENTRY_POINT, faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
+from tests.faulty_env import (  # noqa: F401 - faulty_env is a fixture
+    ENTRY_POINT,
+    FaultyEnvironment,
+    faulty_env,
+    faulty_task,
+)
 
 # ---- units -----------------------------------------------------------------------------------------------
 
@@ -263,7 +268,13 @@ async def _wait_requests(scripted, count: int, timeout_s: float = 20.0) -> None:
 
 @pytest.mark.parametrize("stale", ["finish_and_tag", "cancel_and_restart"])
 @pytest.mark.usefixtures("installed")
-async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale):
+async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale, monkeypatch):
+    real_verify = FaultyEnvironment.verify
+
+    async def quick_verify(self, data, messages, state, ctx):  # noqa: ANN001, ANN202 - only the tool need be slow
+        return await real_verify(self, data.model_copy(update={"slow_s": 0.0}), messages, state, ctx)
+
+    monkeypatch.setattr(FaultyEnvironment, "verify", quick_verify)
     respond(Responder(multi_turn=True))
     old, new = f"old-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
     await declare_policy_version(gf, "policy", old)

@@ -2,8 +2,9 @@
 NeMo Gym starts them, score NeMo Gym's recorded rollouts through the adapter (tool calls included) exactly as
 recorded and exactly as the same server's /verify scores them when driven directly.
 
-Optional: NeMo Gym needs Python >= 3.13. Point GYMFLOW_NEMO_GYM_PYTHON at a python with `nemo-gym==0.7.0` and
-`math-verify==0.8.0` installed (default /work/nemo313/bin/python); without one the module is skipped.
+NeMo Gym needs Python >= 3.13. Point GYMFLOW_NEMO_GYM_PYTHON at a python with `nemo-gym==0.7.0` and
+`math-verify==0.8.0` installed (default: .nemo313/bin/python in the repository, which .ci/run creates); without
+one the module is skipped, unless GYMFLOW_REQUIRE_NEMO_GYM=1 (CI), where it fails.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gymflow.data.prepare import conversation_key
 from gymflow.kernel.responses_format import input_to_messages
 from tests.conftest import SHARED
 
-PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or "/work/nemo313/bin/python"
+PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or str(Path(__file__).resolve().parents[1] / ".nemo313/bin/python")
 # server name -> its config beyond entrypoint/host/port (NeMo Gym's own yaml values; no judge for math)
 SERVERS: dict[str, dict[str, Any]] = {
     "example_single_tool_call": {"domain": "agent"},
@@ -49,7 +50,7 @@ SLOW_SYMPY_TRIES = 3
 def _probe() -> tuple[Path | None, str]:
     """The installed `resources_servers` folder, or why there is none."""
     if not Path(PYTHON).exists():
-        return None, f"no NeMo Gym python at {PYTHON} (set GYMFLOW_NEMO_GYM_PYTHON; see README, Testing)"
+        return None, f"no NeMo Gym python at {PYTHON} (set GYMFLOW_NEMO_GYM_PYTHON; README, block 2 of the first commands)"
     code = ("import importlib, pathlib, resources_servers as r\n"
             f"[importlib.import_module(f'resources_servers.{{n}}.app') for n in {list(SERVERS)!r}]\n"
             "print(pathlib.Path(list(r.__path__)[0]))")
@@ -64,6 +65,8 @@ def _probe() -> tuple[Path | None, str]:
 
 
 SERVERS_DIR, WHY = _probe()
+if SERVERS_DIR is None and os.environ.get("GYMFLOW_REQUIRE_NEMO_GYM") == "1":
+    raise RuntimeError(f"GYMFLOW_REQUIRE_NEMO_GYM=1 but {WHY}")
 pytestmark = pytest.mark.skipif(SERVERS_DIR is None, reason=WHY)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
+import time
 
 import pytest
 
 from gymflow.testing.scripted_openai import context_length_error, text, tool_call
-from tests.faulty_env import faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
+from tests.faulty_env import FaultyEnvironment, faulty_env, faulty_task  # noqa: F401 - faulty_env is a fixture
 from tests.helpers import weather_task
 from tests.test_reports import UI, gymflow
 
@@ -69,16 +71,34 @@ async def test_show_failure_and_unknown(gf, scripted, run_id, config_file):
 
 
 @pytest.mark.usefixtures("faulty_env")
-async def test_show_a_running_episode_from_its_stored_messages(gf, scripted, sql, run_id, config_file):
-    # The tool sleeps, so the rollout is mid-episode: `rollouts` has no transcript yet, the messages do.
+async def test_show_a_running_episode_from_its_stored_messages(gf, scripted, sql, run_id, config_file,
+                                                                monkeypatch):
+    # The tool holds until `show` has run, so the rollout is mid-episode: `rollouts` has no transcript yet,
+    # the messages do.
+    released, entered = threading.Event(), threading.Event()
+    real_call_tool = FaultyEnvironment.call_tool
+
+    async def held_call_tool(self, data, state, name, args):  # noqa: ANN001, ANN202 - wraps the env's own
+        if name == "sleep":
+            entered.set()
+            deadline = time.monotonic() + 60
+            while not released.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        return await real_call_tool(self, data, state, name, args)
+
+    monkeypatch.setattr(FaultyEnvironment, "call_tool", held_call_tool)
     scripted.script(tool_call("sleep", {"text": "zz"}), text("woke up"))
-    inp = gf.make_input(run_id, faulty_task("slow", slow_s=8), 0, "policy")
+    inp = gf.make_input(run_id, faulty_task("slow"), 0, "policy")
     handle, _ = await gf.start_rollout(inp)
-    for _ in range(100):
-        if sql("SELECT count(*) FROM messages WHERE rollout_id = %s AND role = 'assistant'", inp.rollout_id)[0][0]:
-            break
-        await asyncio.sleep(0.1)
-    proc = await asyncio.to_thread(gymflow, config_file, "show", inp.rollout_id)
+    try:
+        deadline = time.monotonic() + 30
+        while not (entered.is_set() and sql("SELECT count(*) FROM messages WHERE rollout_id = %s AND role = "
+                                            "'assistant'", inp.rollout_id)[0][0]):
+            assert time.monotonic() < deadline, "the tool call never started"
+            await asyncio.sleep(0.05)
+        proc = await asyncio.to_thread(gymflow, config_file, "show", inp.rollout_id)
+    finally:
+        released.set()
     assert proc.returncode == 0, proc.stderr
     assert "running" in proc.stdout and "the episode is running" in proc.stdout, proc.stdout
     assert re.search(r"-> tool call sleep", proc.stdout), proc.stdout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -25,6 +24,7 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 from temporalio.service import TLSConfig
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_exponential
 
 from gymflow.kernel.config import Settings, TemporalTLSConfig
 from gymflow.kernel.errors import ConfigError, GymflowError
@@ -231,28 +231,34 @@ async def connect_temporal(address: str, namespace: str = "default", wait_s: flo
     `options` (TLS, API key, its namespace) replace `namespace`; a TLS or auth refusal is not retried."""
     opts = options or TemporalOptions(namespace=namespace)
     notify = on_wait or log.warning
+    backoff = wait_exponential(multiplier=0.5, max=5.0)  # 0.5, 1, 2, 4, 5, 5... s
+    last_note = -float("inf")
+
+    def announce(rs: RetryCallState) -> None:
+        nonlocal last_note
+        waited = rs.seconds_since_start
+        if waited >= 2.0 and waited - last_note >= 5.0:  # a server that is just starting is not news
+            notify(f"Temporal at {address} unreachable, retrying (since {waited:.0f} s)")
+            last_note = waited
+
     started = time.monotonic()
-    delay, last_note = 0.5, -float("inf")
-    while True:
-        try:
-            return await Client.connect(address, data_converter=pydantic_data_converter, runtime=runtime,
-                                        **opts.connect_kwargs())
-        except RuntimeError as err:  # the SDK's "Failed client connect: ..."
-            waited = time.monotonic() - started
-            if _is_fatal(err):
-                raise TemporalUnreachable(
-                    f"Temporal at {address} refused the connection ({opts.describe()}): {_gist(err)}; "
-                    "check temporal.tls (ca_cert, client_cert/client_key, server_name) and temporal.api_key_env"
-                ) from None
-            if waited >= wait_s:
-                hint = "; if it expects TLS, set temporal.tls" if opts.tls is False else ""
-                raise TemporalUnreachable(f"Temporal at {address} unreachable for {waited:.0f} s, gave up "
-                                          f"({_first_line(err)}); start it or fix TEMPORAL_ADDRESS{hint}") from None
-            if waited >= 2.0 and waited - last_note >= 5.0:  # a server that is just starting is not news
-                notify(f"Temporal at {address} unreachable, retrying (since {waited:.0f} s)")
-                last_note = waited
-            await asyncio.sleep(min(delay, max(wait_s - waited, 0.05)))
-            delay = min(delay * 2, 5.0)
+    try:
+        return await AsyncRetrying(
+            # the SDK's "Failed client connect: ..."; a TLS or auth refusal is not retried
+            retry=retry_if_exception(lambda e: isinstance(e, RuntimeError) and not _is_fatal(e)),
+            stop=stop_after_delay(wait_s), before_sleep=announce, reraise=True,
+            # the last wait ends at the bound, so one more attempt is made there
+            wait=lambda rs: min(backoff(rs), max(wait_s - rs.seconds_since_start, 0.05)),
+        )(Client.connect, address, data_converter=pydantic_data_converter, runtime=runtime, **opts.connect_kwargs())
+    except RuntimeError as err:
+        if _is_fatal(err):
+            raise TemporalUnreachable(
+                f"Temporal at {address} refused the connection ({opts.describe()}): {_gist(err)}; "
+                "check temporal.tls (ca_cert, client_cert/client_key, server_name) and temporal.api_key_env"
+            ) from None
+        hint = "; if it expects TLS, set temporal.tls" if opts.tls is False else ""
+        raise TemporalUnreachable(f"Temporal at {address} unreachable for {time.monotonic() - started:.0f} s, gave up "
+                                  f"({_first_line(err)}); start it or fix TEMPORAL_ADDRESS{hint}") from None
 
 
 _GIST = re.compile(r"received fatal alert: \w+|InvalidCertificate\(\w+\)|Unauthenticated[^,}]*|PermissionDenied[^,}]*")

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from gymflow.kernel.errors import STORE_UNAVAILABLE, GymflowError
 
@@ -95,23 +96,22 @@ async def migrate_when_reachable(url: str, *, wait_s: float, on_wait: Callable[[
     host:port only. Cancellable between attempts; each attempt is bounded by connect_timeout."""
     notify = on_wait or log.warning
     where = database_location(url)
+    backoff = wait_exponential(multiplier=0.5, max=max_backoff_s)  # 0.5, 1, 2, 4, 5, 5... s
     started = time.monotonic()
-    delay = 0.5
-    while True:
-        try:
-            await asyncio.to_thread(migrate, url)
-            return
-        except sa.exc.OperationalError as err:
-            if not is_unreachable(err):
-                raise
-            waited = time.monotonic() - started
-            if waited >= wait_s:
-                raise DatabaseUnreachable(
-                    f"Postgres at {where} unreachable for {waited:.0f} s, gave up "
-                    f"({_first_line(err.orig or err, url)}); start it or fix DATABASE_URL") from None
-            notify(f"Postgres at {where} unreachable, retrying (since {waited:.0f} s)")
-            await asyncio.sleep(min(delay, max(wait_s - waited, 0.05)))
-            delay = min(delay * 2, max_backoff_s)
+    try:
+        await AsyncRetrying(
+            retry=retry_if_exception(is_unreachable), stop=stop_after_delay(wait_s), reraise=True,
+            # the last wait ends at the bound, so one more attempt is made there
+            wait=lambda rs: min(backoff(rs), max(wait_s - rs.seconds_since_start, 0.05)),
+            before_sleep=lambda rs: notify(f"Postgres at {where} unreachable, retrying "
+                                           f"(since {rs.seconds_since_start:.0f} s)"),
+        )(asyncio.to_thread, migrate, url)
+    except sa.exc.OperationalError as err:
+        if not is_unreachable(err):
+            raise
+        raise DatabaseUnreachable(
+            f"Postgres at {where} unreachable for {time.monotonic() - started:.0f} s, gave up "
+            f"({_first_line(err.orig or err, url)}); start it or fix DATABASE_URL") from None
 
 
 def _first_line(err: BaseException, url: str) -> str:
