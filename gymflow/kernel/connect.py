@@ -24,8 +24,9 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 from temporalio.service import TLSConfig
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay
 
+from gymflow.kernel import backoff
 from gymflow.kernel.config import Settings, TemporalTLSConfig
 from gymflow.kernel.errors import ConfigError, GymflowError
 
@@ -231,7 +232,6 @@ async def connect_temporal(address: str, namespace: str = "default", wait_s: flo
     `options` (TLS, API key, its namespace) replace `namespace`; a TLS or auth refusal is not retried."""
     opts = options or TemporalOptions(namespace=namespace)
     notify = on_wait or log.warning
-    backoff = wait_exponential(multiplier=0.5, max=5.0)  # 0.5, 1, 2, 4, 5, 5... s
     last_note = -float("inf")
 
     def announce(rs: RetryCallState) -> None:
@@ -246,9 +246,7 @@ async def connect_temporal(address: str, namespace: str = "default", wait_s: flo
         return await AsyncRetrying(
             # the SDK's "Failed client connect: ..."; a TLS or auth refusal is not retried
             retry=retry_if_exception(lambda e: isinstance(e, RuntimeError) and not _is_fatal(e)),
-            stop=stop_after_delay(wait_s), before_sleep=announce, reraise=True,
-            # the last wait ends at the bound, so one more attempt is made there
-            wait=lambda rs: min(backoff(rs), max(wait_s - rs.seconds_since_start, 0.05)),
+            stop=stop_after_delay(wait_s), before_sleep=announce, reraise=True, wait=backoff.until(wait_s),
         )(Client.connect, address, data_converter=pydantic_data_converter, runtime=runtime, **opts.connect_kwargs())
     except RuntimeError as err:
         if _is_fatal(err):

@@ -12,8 +12,9 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
 
+from gymflow.kernel import backoff
 from gymflow.kernel.errors import STORE_UNAVAILABLE, GymflowError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -96,13 +97,11 @@ async def migrate_when_reachable(url: str, *, wait_s: float, on_wait: Callable[[
     host:port only. Cancellable between attempts; each attempt is bounded by connect_timeout."""
     notify = on_wait or log.warning
     where = database_location(url)
-    backoff = wait_exponential(multiplier=0.5, max=max_backoff_s)  # 0.5, 1, 2, 4, 5, 5... s
     started = time.monotonic()
     try:
         await AsyncRetrying(
             retry=retry_if_exception(is_unreachable), stop=stop_after_delay(wait_s), reraise=True,
-            # the last wait ends at the bound, so one more attempt is made there
-            wait=lambda rs: min(backoff(rs), max(wait_s - rs.seconds_since_start, 0.05)),
+            wait=backoff.until(wait_s, max_backoff_s),
             before_sleep=lambda rs: notify(f"Postgres at {where} unreachable, retrying "
                                            f"(since {rs.seconds_since_start:.0f} s)"),
         )(asyncio.to_thread, migrate, url)
