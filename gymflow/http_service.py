@@ -15,6 +15,7 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
+START_TIMEOUT_S = 30  # the port is bound already: only the loop and the runner have to start
 MAX_LINE_BYTES = 65_536  # request line and each header line: http.server's limit, which these servers had before
 
 
@@ -97,7 +98,7 @@ class ThreadedHTTPService:
         started: Future = Future()
         self._thread = threading.Thread(target=self._run, args=(started,), name=self._name, daemon=True)
         self._thread.start()
-        started.result()  # serving, or the reason it could not
+        started.result(timeout=START_TIMEOUT_S)  # serving, or the reason it could not
         return self
 
     def serve_forever(self) -> None:
