@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 import sqlalchemy.exc as sa_exc
+from gymflow.activities import redact
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -50,25 +51,31 @@ def store_failure(err: BaseException, what: str = "store") -> ApplicationError:
 
 
 def classify(err: BaseException, source: Source = "gymflow", where: str = "") -> ApplicationError:
-    """The one decision at an activity boundary: which failure type, retryable or not, what message."""
+    """The one decision at an activity boundary: which failure type, retryable or not, what message. The message
+    has the worker's secrets redacted before it is cut short (a cut key would no longer match): a model endpoint's
+    error text, a tool's exception or a verifier's message may quote a key, and it goes into history, the log and
+    the rollout row."""
+    red = redact.current()
     prefix = f"{where}: " if where else ""
     if isinstance(err, ApplicationError):
         # Already classified (the model client, a nested boundary): keep its retry decision, make sure the
         # type is known and the message short.
         if err.type in failures.FAILURE_TYPES and len(err.message) <= failures.MAX_MESSAGE_CHARS \
-                and "\n" not in err.message:
+                and "\n" not in err.message and not red.hits(err.message):
             return err
-        return ApplicationError(failures.short_message(err.message), *err.details, type=failures.known(err.type),
-                                non_retryable=err.non_retryable, next_retry_delay=err.next_retry_delay)
+        return ApplicationError(failures.short_message(red.text(err.message)), *err.details,
+                                type=failures.known(err.type), non_retryable=err.non_retryable,
+                                next_retry_delay=err.next_retry_delay)
     if isinstance(err, GymflowError):
-        return ApplicationError(failures.short_message(f"{prefix}{err}"), type=failures.known(err.failure_type),
-                                non_retryable=True)
+        return ApplicationError(failures.short_message(red.text(f"{prefix}{err}")),
+                                type=failures.known(err.failure_type), non_retryable=True)
     if isinstance(err, STORE_ERRORS):
-        return store_failure(err, where or "store")
+        failure = store_failure(err, where or "store")
+        return ApplicationError(red.text(failure.message), type=failure.type, non_retryable=failure.non_retryable)
     # An unexpected error: the class name goes into the message (a bare KeyError says only "'city'"),
     # never into the type. Retryable: a flaky environment may pass next time; the activity policy bounds it.
     kind = failures.ENVIRONMENT_ERROR if source == "environment" else failures.INTERNAL_ERROR
-    text = str(err).strip()
+    text = red.text(str(err).strip())
     detail = f"{type(err).__name__}: {text}" if text else type(err).__name__
     return ApplicationError(failures.short_message(f"{prefix}{detail}"), type=kind)
 

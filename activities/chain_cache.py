@@ -10,11 +10,12 @@ and logprobs included (a turn of a long prompt holds tens of thousands of them).
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from gymflow.kernel.store.episodes import StoredMessage
+from gymflow.kernel.store.episodes import NewMessage, StoredMessage
 
 DEFAULT_MB = 128
 
@@ -25,6 +26,44 @@ def message_size(body: dict) -> int:
     size = len(content) if isinstance(content, str) else len(repr(content)) if content is not None else 0
     for call in body.get("tool_calls") or ():
         size += len(str(call))
+    return size
+
+
+def state_size(state: dict | None) -> int:
+    """The state's bytes as stored (JSON)."""
+    return 0 if not state else len(json.dumps(state, default=str))
+
+
+def _numbers(tokens: dict | None) -> int:
+    return sum(len(v) for v in (tokens or {}).values() if isinstance(v, list))
+
+
+# A stored number (token id or logprob) as the episode limit counts it: about what it takes as JSON.
+STORED_BYTES_PER_NUMBER = 8
+
+
+def new_message_size(message: NewMessage) -> int:
+    """All a message stores, as limits.max_episode_bytes counts it: its content and tool calls, its state and its
+    token data (a reply's 1.5 million token ids once went uncounted)."""
+    return (message_size(message.body) + state_size(message.state)
+            + STORED_BYTES_PER_NUMBER * _numbers(message.tokens))
+
+
+# Stored messages never change (append-only, ids never reused): their sizes are kept, so counting an episode each
+# turn serialises only the states it has not seen.
+_SIZES: OrderedDict[int, int] = OrderedDict()
+_SIZES_KEPT = 100_000
+
+
+def stored_size(message: StoredMessage) -> int:
+    """`new_message_size` of a stored message."""
+    size = _SIZES.get(message.id)
+    if size is None:
+        size = (message_size(message.body) + state_size(message.state)
+                + STORED_BYTES_PER_NUMBER * _numbers(message.tokens))
+        _SIZES[message.id] = size
+        if len(_SIZES) > _SIZES_KEPT:
+            _SIZES.popitem(last=False)
     return size
 
 

@@ -48,11 +48,22 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json takes NaN and Infinity; JSON (and Postgres' jsonb, where the tool's message and state go) does not.
+    raise _NonFinite(name)
+
+
 def parse_arguments(raw: str) -> dict[str, Any]:
     if len(raw) > MAX_ARGUMENT_CHARS:
         raise ToolError(f"arguments are {len(raw)} characters long, over the limit of {MAX_ARGUMENT_CHARS}")
     try:
-        args = json.loads(raw) if raw.strip() else {}
+        args = json.loads(raw, parse_constant=_no_constant) if raw.strip() else {}
+    except _NonFinite as e:
+        raise ToolError(f"arguments hold {e}, which is not a JSON number (use a finite number or a string)") from None
     except json.JSONDecodeError as e:
         raise ToolError(f"arguments are not valid JSON ({e.msg} at column {e.colno}): {raw[:200]}") from None
     except RecursionError:  # the C parser gives up at Python's recursion limit

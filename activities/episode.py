@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 
 from gymflow.activities import metrics
 from gymflow.activities.boundary import STORE_RETRY_S, boundary, heartbeating, retry_read, retry_store
-from gymflow.activities.chain_cache import ChainCache, message_size
+from gymflow.activities.chain_cache import ChainCache, new_message_size, state_size, stored_size
 from gymflow.activities.completion import request_body, to_message, token_data
 from gymflow.activities.env_activities import EnvActivities, run_tool_call, setup_episode, verify_episode
+from gymflow.activities.env_calls import tool_error
 from gymflow.activities.env_processes import EnvProcesses
 from gymflow.activities.model_client import ModelClients, bad_response
 from gymflow.activities.recorded import recorded
@@ -102,6 +103,11 @@ _GENERATING = frozenset({names.EPISODE_GENERATE, names.EPISODE_TURN})
 # workflow task was lost) before the rollout fails as worker_lost: a poison step ends, bounded.
 MAX_STEP_STARTS = 5
 MAX_CONNECTIONS = 20  # per worker process: the workflow pool's local steps and the env/generate pools' own
+# What a reply may bring besides its text (all counted in limits.max_reply_chars too): a finish reason and a tool
+# call id are short words in every real API.
+MAX_FINISH_REASON_CHARS = 256
+MAX_TOOL_CALL_ID_CHARS = 1024
+MAX_STATE_BYTES = 16 << 20  # an environment's state (JSON bytes); environments.<env>.max_state_bytes overrides
 
 
 def _producer(part: str = "") -> str:
@@ -351,13 +357,14 @@ class EpisodeActivities:
             finish = choice.finish_reason
             usage = Usage(prompt_tokens=(resp.usage and resp.usage.prompt_tokens) or 0,
                           completion_tokens=(resp.usage and resp.usage.completion_tokens) or 0)
-            tokens = token_data(resp, choice)
+            tokens = token_data(resp, choice, ids=cfg.return_token_ids, logprobs=cfg.logprobs)
             metrics.generation_done(req.model, time.monotonic() - started, usage)
-        message = self._checked_reply(req, message)
+        message = self._checked_reply(req, message, finish, tokens)
+        finish = self._redactor.text(finish) if finish else finish
         meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
                 "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,
-                **await _POLICIES.turn_meta(req.model, self._read_policy, policy,
-                                            None if cfg.recorded else reported_version(resp))}
+                **self._redactor.body(await _POLICIES.turn_meta(req.model, self._read_policy, policy,
+                                                                None if cfg.recorded else reported_version(resp)))}
         reply = [NewMessage(role="assistant", body=message.model_dump(exclude_none=True), tokens=meta)]
         _check_episode_size(req, chain, reply)
         ids, earlier = await self._append(req.rollout_id, chain, reply)
@@ -368,22 +375,35 @@ class EpisodeActivities:
         return Generated(head_id=ids[-1], tool_calls=len(message.tool_calls or ()), finish_reason=finish,
                          usage=usage, attempt=attempt)
 
-    def _checked_reply(self, req: TurnRequest, message: ChatMessage) -> ChatMessage:
+    def _checked_reply(self, req: TurnRequest, message: ChatMessage, finish: str | None = None,
+                       tokens: dict[str, Any] | None = None) -> ChatMessage:
         """The reply within the run's limits (else the turn fails typed and nothing of it is stored), with the
-        worker's secrets redacted (activities/redact.py)."""
+        worker's secrets redacted (activities/redact.py). Every field of it counts: ids and the finish reason too
+        (a 3,000,000-character finish reason once failed six workflow tasks on Temporal's payload limit), and the
+        token data, one character a number."""
         calls = message.tool_calls or ()
+        if finish is not None and len(finish) > MAX_FINISH_REASON_CHARS:
+            raise GymflowError(f"the reply of turn {req.turn} has a finish_reason of {len(finish)} characters, over "
+                               f"{MAX_FINISH_REASON_CHARS}", failure_type=REPLY_TOO_LARGE)
+        longest_id = max((len(c.id) for c in calls), default=0)
+        if longest_id > MAX_TOOL_CALL_ID_CHARS:
+            raise GymflowError(f"the reply of turn {req.turn} has a tool call id of {longest_id} characters, over "
+                               f"{MAX_TOOL_CALL_ID_CHARS}", failure_type=REPLY_TOO_LARGE)
         size = (len(message.content or "") + len(message.reasoning_content or "")
-                + sum(len(c.function.name) + len(c.function.arguments) for c in calls))
-        if req.max_reply_chars is not None and size > req.max_reply_chars:
-            raise GymflowError(f"the reply of turn {req.turn} has {size} characters, over limits.max_reply_chars="
+                + sum(len(c.id) + len(c.function.name) + len(c.function.arguments) for c in calls))
+        numbers = max((len(v) for v in (tokens or {}).values() if isinstance(v, list)), default=0)
+        if req.max_reply_chars is not None and max(size, numbers) > req.max_reply_chars:
+            what = f"{size} characters" if size >= numbers else f"{numbers} token ids or logprobs in one list"
+            raise GymflowError(f"the reply of turn {req.turn} has {what}, over limits.max_reply_chars="
                                f"{req.max_reply_chars}", failure_type=REPLY_TOO_LARGE)
         if req.max_tool_calls_per_turn is not None and len(calls) > req.max_tool_calls_per_turn:
             raise GymflowError(f"the reply of turn {req.turn} makes {len(calls)} tool calls, over "
                                f"limits.max_tool_calls_per_turn={req.max_tool_calls_per_turn}; none ran",
                                failure_type=TOO_MANY_TOOL_CALLS)
-        if not self._redactor.hits(message.content, message.reasoning_content,
+        if not self._redactor.hits(message.content, message.reasoning_content, *(c.id for c in calls),
                                    *(c.function.arguments for c in calls), *(c.function.name for c in calls)):
             return message
+        # Redacted the same way everywhere, so a tool message's (redacted) tool_call_id still pairs with its call.
         return ChatMessage.model_validate(self._redactor.body(message.model_dump(exclude_none=True)))
 
     @activity.defn(name=names.EPISODE_RUN_TOOLS)
@@ -402,19 +422,31 @@ class EpisodeActivities:
         state = copy.deepcopy(latest_state(chain))  # tools may change it in place: never the cached one
         new: list[NewMessage] = []
         ended_by: str | None = None
+        max_state = _max_state_bytes(self._env_options.get(task.env))
         for call in calls:
             if ended_by is not None:
                 # After the episode ended nothing may change its state: answered, not run.
                 new.append(NewMessage(role="tool", body=not_run_message(call, ended_by).model_dump(
-                    exclude_none=True), state=dict(state), tokens={"not_run": True}))
+                    exclude_none=True), tokens={"not_run": True}))
                 continue
-            message, state, failed, done = await self._one_tool(env, task, state, call)
+            message, after, failed, done = await self._one_tool(env, task, state, call)
+            if not failed and (size := state_size(after)) > max_state:
+                # The state a model's calls grow is bounded per environment: the call is refused, as a tool error
+                # the model sees, and the state stays as it was.
+                message = tool_error(call, state, f"not run: the environment's state would hold {size} bytes, "
+                                                  f"over its limit of {max_state} (environments.{task.env}"
+                                                  ".max_state_bytes)").message
+                failed, done = True, False
+            else:
+                state = after
             new.append(NewMessage(role="tool", body=self._redactor.body(message.model_dump(exclude_none=True)),
-                                  state=dict(state),
                                   tokens={"is_error": True} if failed else {"done": True} if done else None))
             ended_by = call.function.name if done else None
         if not new:
             raise GymflowError("run_tools: the head message has no tool calls", failure_type="internal_error")
+        # The state once per turn, on its last tool message (latest_state reads the newest that has one): stored
+        # on every tool message it grew quadratically (60 calls a turn each storing the whole mailbox: 240 MB).
+        new[-1] = NewMessage(role="tool", body=new[-1].body, state=dict(state), tokens=new[-1].tokens)
         _check_episode_size(req, chain, new)
         ids, earlier = await self._append(req.rollout_id, chain, new, part=part)
         if earlier:  # an earlier attempt's tool messages are the episode's
@@ -444,7 +476,7 @@ class EpisodeActivities:
             summary = summary.model_copy(update={"reward": score.reward, "masked": score.masked,
                                                  "failure_type": score.failure_type})
         record = RolloutRecord(summary=summary, env=req.env, model=req.model, head_id=req.head_id,
-                               score_details=score.details if score else {},
+                               score_details=self._redactor.body(score.details) if score else {},
                                execution_id=activity.info().workflow_run_id,
                                execution_started_at=req.execution_started_at)
 
@@ -469,14 +501,20 @@ class EpisodeActivities:
 
 
 def _check_episode_size(req: TurnRequest, chain: list[StoredMessage], new: list[NewMessage]) -> None:
-    """The episode with `new` appended must stay within limits.max_episode_bytes: else the rollout fails here,
-    typed, and `new` is not stored (the recorded transcript ends before the message that broke the limit)."""
+    """The episode with `new` appended must stay within limits.max_episode_bytes, counting all it stores (messages,
+    states, token data): else the rollout fails here, typed, and `new` is not stored (the recorded transcript ends
+    before the message that broke the limit)."""
     if req.max_episode_bytes is None:
         return
-    size = sum(message_size(m.body) for m in chain) + sum(message_size(m.body) for m in new)
+    size = sum(stored_size(m) for m in chain) + sum(new_message_size(m) for m in new)
     if size > req.max_episode_bytes:
         raise GymflowError(f"the episode would hold {size} bytes after turn {req.turn}, over "
                            f"limits.max_episode_bytes={req.max_episode_bytes}", failure_type=TRANSCRIPT_TOO_LARGE)
+
+
+def _max_state_bytes(options: dict[str, Any] | None) -> int:
+    value = (options or {}).get("max_state_bytes")
+    return int(value) if value is not None else MAX_STATE_BYTES
 
 
 def _tools_ran(head_id: int, metas: list[dict[str, Any]]) -> ToolsRan:

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
 from time import time
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import openai
+from gymflow.activities import redact
 from openai import AsyncOpenAI, DefaultAioHttpClient
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio.exceptions import ApplicationError
@@ -75,8 +76,15 @@ class CompletionMessage(_Lax):
     reasoning: Any = None
 
 
+# A hostile endpoint's numbers are bounded where they are read: a usage of -5 or 10**30 once failed the rollout as
+# internal_error (the Prometheus counter) or store_unavailable (Postgres' integer range). Out of range: the 200 is
+# not a usable completion (model_bad_response).
+_Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+_TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
 class _Token(_Lax):
-    logprob: float
+    logprob: float = Field(allow_inf_nan=False)
 
 
 class _Logprobs(_Lax):
@@ -87,13 +95,13 @@ class CompletionChoice(_Lax):
     message: CompletionMessage
     finish_reason: str | None = None
     logprobs: _Logprobs | None = None
-    token_ids: list[int] | None = None  # vLLM `return_token_ids`
-    prompt_token_ids: list[int] | None = None
+    token_ids: list[_TokenId] | None = None  # vLLM `return_token_ids`
+    prompt_token_ids: list[_TokenId] | None = None
 
 
 class _Usage(_Lax):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    prompt_tokens: _Count | None = None
+    completion_tokens: _Count | None = None
 
 
 class Completion(_Lax):
@@ -101,7 +109,7 @@ class Completion(_Lax):
 
     choices: list[CompletionChoice] = Field(min_length=1)
     usage: _Usage | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[_TokenId] | None = None
     policy_version: Any = None  # a server's own weights tag; checked in kernel/store/policy_versions.py
 
 
@@ -127,13 +135,26 @@ def _no_surrogates(value: Any) -> Any:
     return value
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json accepts NaN and Infinity; Postgres' JSON, Prometheus and Temporal's payloads do not.
+    raise _NonFinite(name)
+
+
 def parse_completion(body: bytes, content_type: str, model: str) -> Completion:
     """Validate a 200 response body; anything that is not a chat completion is `model_bad_response`."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_no_constant)
+    except _NonFinite as e:
+        raise bad_response(model, f"a JSON body with {e} in it, which JSON does not allow") from None
     except (ValueError, UnicodeDecodeError):
         kind = content_type.split(";")[0].strip() or "no content type"
-        raise bad_response(model, f"{kind} body that is not JSON: {body[:80]!r}") from None
+        # Redacted before it is cut: a quoted prefix of a key would not match it later.
+        quoted = redact.current().text(body[:4096].decode("utf-8", "replace"))[:80]
+        raise bad_response(model, f"{kind} body that is not JSON: {quoted!r}") from None
     if b"\\ud" in body.lower():
         data = _no_surrogates(data)
     try:
@@ -146,7 +167,18 @@ def parse_completion(body: bytes, content_type: str, model: str) -> Completion:
 
 
 def classify(err: Exception, model: str) -> ApplicationError:
-    """One place that decides: deterministic (non-retryable, typed) or transient (retry, maybe delayed)."""
+    """One place that decides: deterministic (non-retryable, typed) or transient (retry, maybe delayed). The
+    endpoint's own text (its error message, a body it quoted) has the worker's secrets redacted first: a 400 that
+    echoes the request's key must not put it in history, the log or the rollout row."""
+    typed = _classify(err, model)
+    message = short_message(redact.current().text(typed.message))  # redacted, then cut
+    if message == typed.message:
+        return typed
+    return ApplicationError(message, type=typed.type, non_retryable=typed.non_retryable,
+                            next_retry_delay=typed.next_retry_delay)
+
+
+def _classify(err: Exception, model: str) -> ApplicationError:
     if isinstance(err, openai.RateLimitError):
         delay = retry_after_seconds(err.response.headers)
         return ApplicationError(f"{model}: rate limited (429)", type=errors.RATE_LIMITED,
@@ -167,8 +199,8 @@ def classify(err: Exception, model: str) -> ApplicationError:
     if isinstance(err, openai.APIConnectionError):
         return ApplicationError(f"{model}: connection failed", type=errors.MODEL_UNAVAILABLE)
     if isinstance(err, (openai.APIResponseValidationError, ValueError)):  # incl. JSON errors of a 200 body
-        return bad_response(model, short_message(err, 200))
-    return ApplicationError(short_message(f"{model}: {type(err).__name__}: {err}"), type=errors.MODEL_UNAVAILABLE)
+        return bad_response(model, short_message(redact.current().text(str(err)), 200))
+    return ApplicationError(f"{model}: {type(err).__name__}: {err}", type=errors.MODEL_UNAVAILABLE)
 
 
 class ModelClients:

@@ -5,6 +5,7 @@ process, plus any named in $GYMFLOW_REDACT_ENV (comma-separated)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +37,9 @@ class Redactor:
         env = os.environ if environ is None else environ
         return cls({name: env[name] for name in secret_names(settings, env) if env.get(name)})
 
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
     def text(self, value: str) -> str:
         for secret, name in self._secrets:
             if secret in value:
@@ -57,3 +61,41 @@ class Redactor:
         if isinstance(body, list | tuple):  # a message's model_dump keeps its tuples (tool_calls)
             return [self.body(v) for v in body]
         return body
+
+
+# The worker's secrets, for what leaves the process without passing a message through an EpisodeActivities:
+# failure messages at the activity boundary (Temporal history, rollouts.failure_message) and log records. One per
+# process: the secrets are this process's environment variables.
+_current = Redactor({})
+_base_factory = logging.getLogRecordFactory()
+
+
+def install(redactor: Redactor) -> None:
+    """Make `redactor` the process's: boundary failures, and every log record as it is made (so every logger and
+    handler, the SDK's and those added later included, sees only redacted text)."""
+    global _current
+    _current = redactor
+    if logging.getLogRecordFactory() is not _redacting_record:
+        logging.setLogRecordFactory(_redacting_record)
+
+
+def current() -> Redactor:
+    return _current
+
+
+def _redacting_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    record = _base_factory(*args, **kwargs)
+    red = _current
+    if not red:
+        return record
+    try:
+        text = record.getMessage()
+    except Exception:  # a malformed format string: the handler reports it, as without us
+        return record
+    if red.hits(text):
+        record.msg, record.args = red.text(text), ()
+    if record.exc_info and record.exc_info[1] is not None:
+        exc_text = logging.Formatter().formatException(record.exc_info)
+        if red.hits(exc_text):
+            record.exc_info, record.exc_text = None, red.text(exc_text)
+    return record

@@ -118,8 +118,12 @@ def build_pool(client: Client, settings: Settings, pool: Pool, database_url: str
                ) -> PoolWorkers:
     """Workers for `pool` ('all' = every pool in this process). Applies migrations first.
     `generate_models`: the models whose generate queues to poll (default: every configured model)."""
+    from gymflow.activities import redact
+
     wanted = POOLS if pool == "all" else (pool,)
     out = PoolWorkers(workers=[])
+    # The worker's secrets out of failure messages (history, rollouts.failure_message) and every log line too.
+    redact.install(redact.Redactor.from_settings(settings))
     processes = _env_processes(out) if {"workflows", "env"} & set(wanted) else None
     if "workflows" in wanted:
         # No migrate here: workflows keep running while Postgres is down (their local activities retry, bounded),

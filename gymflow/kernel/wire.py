@@ -129,15 +129,14 @@ class RolloutLimits(Wire):
     env: ActivityLimits = ActivityLimits(start_to_close_s=120, schedule_to_close_s=900, heartbeat_s=20, max_attempts=4)
     persist: ActivityLimits = ActivityLimits(start_to_close_s=30, schedule_to_close_s=900, max_attempts=20)
     # The by-reference workflow keeps the episode in Postgres, far from Temporal's limit; this bounds what one
-    # episode may store (and send to the model each turn). Measured as message contents plus tool calls.
+    # episode may store: message contents and tool calls, environment states and token data (one number 8 bytes).
     max_episode_bytes: int = Field(64 << 20, ge=1)
-    max_reply_chars: int = Field(1_000_000, ge=1, description="The most characters of one model reply (content "
-                                                              "plus tool call arguments) stored")
+    # What one model reply may bring: its characters (content, reasoning, tool call ids, names and arguments), and
+    # as many token ids or logprobs per list; and the tool calls of it that are run. Over either, the turn fails
+    # typed (reply_too_large, too_many_tool_calls).
+    max_reply_chars: int = Field(1_000_000, ge=1, description="The most characters of one model reply (content, "
+                                                              "reasoning, tool calls) stored")
     max_tool_calls_per_turn: int = Field(64, ge=1, description="Tool calls of one reply that are run")
-    # What one model reply may bring (issue "Hardening"): its characters (content + tool call arguments) and the
-    # tool calls of it that are run. Over either, the turn fails typed (reply_too_large, too_many_tool_calls).
-    max_reply_chars: int = Field(1_000_000, ge=1)
-    max_tool_calls_per_turn: int = Field(64, ge=1)
 
 
 class Usage(Wire):
