@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gymflow.workers.local_stack import free_port
 from temporalio.service import TLSConfig
 
 from gymflow.client import GymflowClient
@@ -199,3 +200,18 @@ async def test_a_worker_with_a_wrong_ca_exits_with_the_reason(proxy, certs, conf
                           env={**os.environ, "GYMFLOW_STARTUP_WAIT_S": "300"})
     assert proc.returncode != 0
     assert "refused the connection" in proc.stderr and "UnknownIssuer" in proc.stderr, proc.stderr
+
+
+def test_the_tls_probe_names_a_refusal_and_waits_for_a_server_not_up(proxy, certs):
+    # What connect_temporal asks when the SDK reports only a closed transport (a TLS 1.3 refusal of a missing client
+    # certificate, under load): a refusal is named at once, never waited out; an accepted config is no refusal.
+    ca = certs.ca.read_bytes()
+    refused = connect.tls_refusal(proxy.address, TLSConfig(server_root_ca_cert=ca, domain="localhost"))
+    assert refused == "received fatal alert: CertificateRequired"
+    wrong_ca = connect.tls_refusal(proxy.address, TLSConfig(
+        server_root_ca_cert=certs.other_ca.read_bytes(), domain="localhost",
+        client_cert=certs.client_cert.read_bytes(), client_private_key=certs.client_key.read_bytes()))
+    assert wrong_ca is not None and "UnknownIssuer" in wrong_ca
+    # A server that is not up is waited for, not refused.
+    closed = f"127.0.0.1:{free_port()}"
+    assert connect.tls_refusal(closed, TLSConfig(server_root_ca_cert=ca, domain="localhost")) is None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
 import os
 import re
+import socket
+import ssl
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -241,13 +245,28 @@ async def connect_temporal(address: str, namespace: str = "default", wait_s: flo
             notify(f"Temporal at {address} unreachable, retrying (since {waited:.0f} s)")
             last_note = waited
 
+    async def attempt() -> Client:
+        try:
+            return await Client.connect(address, data_converter=pydantic_data_converter, runtime=runtime,
+                                        **opts.connect_kwargs())
+        except RuntimeError as err:
+            if _is_fatal(err) or not isinstance(opts.tls, TLSConfig):
+                raise
+            # Under TLS 1.3 the server's refusal of a missing client certificate comes after the handshake, and
+            # under load the SDK may report only the closed transport: ask the server directly, once per attempt,
+            # so a refusal fails now instead of being retried until the wait ends.
+            refusal = await asyncio.to_thread(tls_refusal, address, opts.tls)
+            if refusal:
+                raise RuntimeError(f"{err} ({refusal})") from None
+            raise
+
     started = time.monotonic()
     try:
         return await AsyncRetrying(
             # the SDK's "Failed client connect: ..."; a TLS or auth refusal is not retried
             retry=retry_if_exception(lambda e: isinstance(e, RuntimeError) and not _is_fatal(e)),
             stop=stop_after_delay(wait_s), before_sleep=announce, reraise=True, wait=backoff.until(wait_s),
-        )(Client.connect, address, data_converter=pydantic_data_converter, runtime=runtime, **opts.connect_kwargs())
+        )(attempt)
     except RuntimeError as err:
         if _is_fatal(err):
             raise TemporalUnreachable(
@@ -257,6 +276,47 @@ async def connect_temporal(address: str, namespace: str = "default", wait_s: flo
         hint = "; if it expects TLS, set temporal.tls" if opts.tls is False else ""
         raise TemporalUnreachable(f"Temporal at {address} unreachable for {time.monotonic() - started:.0f} s, gave up "
                                   f"({_first_line(err)}); start it or fix TEMPORAL_ADDRESS{hint}") from None
+
+
+TLS_PROBE_TIMEOUT_S = 3.0
+
+
+def tls_refusal(address: str, tls: TLSConfig, timeout_s: float = TLS_PROBE_TIMEOUT_S) -> str | None:
+    """Whether the server at `address` refuses this TLS configuration, in rustls' words (`received fatal alert:
+    CertificateRequired`, `InvalidCertificate(UnknownIssuer)`); None when it accepts it or cannot be reached (a
+    server not up yet is waited for, not refused). A handshake plus one read, bounded by `timeout_s`."""
+    host, _, port = address.rpartition(":")
+    ctx = ssl.create_default_context(cadata=tls.server_root_ca_cert.decode() if tls.server_root_ca_cert else None)
+    ctx.set_alpn_protocols(["h2"])
+    with tempfile.TemporaryDirectory() as tmp:
+        if tls.client_cert and tls.client_private_key:
+            cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+            for path, data in ((cert, tls.client_cert), (key, tls.client_private_key)):
+                path.touch(mode=0o600)
+                path.write_bytes(data)
+            ctx.load_cert_chain(cert, key)
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw, \
+                    ctx.wrap_socket(raw, server_hostname=tls.domain or host.strip("[]")) as conn:
+                # Read only: a refusing server sends its alert and closes; bytes of ours arriving after that
+                # would draw a reset that can discard the alert. An accepting gRPC server sends its HTTP/2
+                # settings unasked (or nothing: the read times out, no refusal).
+                conn.recv(1)
+        except ssl.SSLCertVerificationError as e:
+            why = str(e.verify_message).lower()
+            reason = "UnknownIssuer" if "issuer" in why or "self-signed" in why or "self signed" in why \
+                else "BadCertificate"
+            return f"InvalidCertificate({reason}): {e.verify_message}"
+        except ssl.SSLError as e:
+            text = str(e).lower()
+            if "certificate required" in text or "certificate_required" in text:
+                return "received fatal alert: CertificateRequired"
+            if "unknown ca" in text or "bad certificate" in text or "certificate unknown" in text:
+                return f"received fatal alert: BadCertificate ({e.reason})"
+            return None
+        except (OSError, ValueError):
+            return None
+    return None
 
 
 _GIST = re.compile(r"received fatal alert: \w+|InvalidCertificate\(\w+\)|Unauthenticated[^,}]*|PermissionDenied[^,}]*")
