@@ -22,6 +22,7 @@ from gymflow.environments.instruction_following_text import (
     split_into_sentences,
     word_tokenize,
 )
+from gymflow.environments.linear_scans import count_bracketed, count_bullets, double_angle_spans, word_span_matches
 
 RELATIONS = ("less than", "at least")
 CONSTRAINED_RESPONSES = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
@@ -74,13 +75,12 @@ def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
 
 
 def number_placeholders(text: str, num_placeholders: int) -> bool:
-    return len(re.findall(r"\[.*?\]", text)) >= num_placeholders
+    return count_bracketed(text) >= num_placeholders  # re.findall(r"\[.*?\]", text), in linear time
 
 
 def number_bullet_lists(text: str, num_bullets: int) -> bool:
-    stars = re.findall(r"^\s*\*[^\*].*$", text, flags=re.MULTILINE)
-    dashes = re.findall(r"^\s*-.*$", text, flags=re.MULTILINE)
-    return len(stars) + len(dashes) == num_bullets
+    # The reference's re.findall(r"^\s*\*[^\*].*$") and (r"^\s*-.*$") under MULTILINE, in linear time.
+    return count_bullets(text, "*") + count_bullets(text, "-") == num_bullets
 
 
 def constrained_response(text: str) -> bool:
@@ -105,13 +105,16 @@ def number_paragraphs(text: str, num_paragraphs: int) -> bool:
 
 def postscript(text: str, postscript_marker: str) -> bool:
     marker = postscript_marker.strip()
+    # The reference's patterns are r"\s*" + marker + r".*$", searched: the leading `\s*` may match nothing and
+    # `.*$` always matches (MULTILINE), so whether they match is whether the marker does; without them the search
+    # is linear (`\s*` retried at every start of a long blank run was quadratic).
     if marker == "P.P.S":
-        pattern = r"\s*p\.\s?p\.\s?s.*$"
+        pattern = r"p\.\s?p\.\s?s"
     elif marker == "P.S.":
-        pattern = r"\s*p\.\s?s\..*$"
+        pattern = r"p\.\s?s\."
     else:
-        pattern = r"\s*" + marker.lower() + r".*$"
-    return bool(re.findall(pattern, text.lower(), flags=re.MULTILINE))
+        pattern = marker.lower()
+    return re.search(pattern, text.lower(), flags=re.MULTILINE) is not None
 
 
 def keyword_existence(text: str, keywords: list[str]) -> bool:
@@ -175,7 +178,7 @@ def end_checker(text: str, end_phrase: str) -> bool:
 
 
 def title(text: str) -> bool:
-    return any(t.lstrip("<").rstrip(">").strip() for t in re.findall(r"<<[^\n]+>>", text))
+    return any(t.lstrip("<").rstrip(">").strip() for t in double_angle_spans(text))  # r"<<[^\n]+>>"
 
 
 def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str) -> bool:
@@ -215,7 +218,10 @@ def quotation(text: str) -> bool:
 def repeat_phrase(text: str, phrase: str, small_n: int) -> bool:
     """`small_n` copies of `phrase`, each with exactly one word changed."""
     ref = phrase.strip().split()
-    found = re.findall(rf"{ref[0]} .*? {ref[-1]}", text)
+    if all(re.escape(w) == w for w in (ref[0], ref[-1])):  # rf"{ref[0]} .*? {ref[-1]}", in linear time
+        found = word_span_matches(text, ref[0], ref[-1])
+    else:  # words with pattern characters keep the reference's regex (the task's, bounded by the verify limit)
+        found = re.findall(rf"{ref[0]} .*? {ref[-1]}", text)
     if len(found) != small_n or not found:
         return False
     for candidate in found:
