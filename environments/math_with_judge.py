@@ -71,6 +71,7 @@ JUDGE_EQUAL_LABEL = "[[A=B]]"
 JUDGE_NOT_EQUAL_LABEL = "[[A!=B]]"
 
 _BOXED = re.compile(r"\\boxed\s*\{")
+LOOP_SCAN_CHARS = 64 * 1024  # the most of a reply scanned for its box on the worker's loop
 _JUDGE_TEXT_KEPT = 400  # tail of each judge reply kept in details (they travel in workflow history)
 
 
@@ -240,7 +241,9 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
     async def verify(self, data: MathWithJudgeTask, messages: Sequence[ChatMessage], state: JSON,
                      ctx: VerifyContext) -> Score:
         text = "".join(episode_assistant_texts(messages))  # NeMo Gym joins the output texts with no separator
-        boxed = last_boxed(text)
+        # A scan in Python, linear but ~0.15 s a MB: with a judge this verify runs on the worker's loop, so a long
+        # reply is scanned in a supervised process (a short one costs less than the hop).
+        boxed = last_boxed(text) if len(text) <= LOOP_SCAN_CHARS else await run_isolated(ctx, last_boxed, text)
         details: JSON = {"expected_answer": data.expected_answer, "boxed_answer": boxed, "extracted_answer": None,
                          "library_reward": 0.0, "judge_evaluations": None}
         if boxed is None or not boxed.strip():  # NeMo Gym: no boxed answer, no library check and no judge

@@ -50,3 +50,26 @@ def test_hostile_replies_are_checked_at_once(name):
     assert checks.postscript(text, "P.S.") is False
     assert checks.repeat_phrase(text, "a b c", 2) is False
     assert time.monotonic() - started < 2.0  # each was minutes (quadratic) before
+
+
+@pytest.mark.parametrize("size", [1_000, 8_000_000])
+async def test_math_with_judge_scans_a_long_reply_off_the_workers_loop(size):
+    from gymflow.environments.base import VerifyContext
+    from gymflow.environments.math_with_judge import MathWithJudgeEnvironment, last_boxed
+
+    from gymflow.kernel.wire import ChatMessage, Task
+
+    isolated: list[str] = []
+
+    async def run_isolated(fn, *args):  # what the worker hands a verifier that runs in its loop
+        isolated.append(fn.__name__)
+        return fn(*args)
+
+    env = MathWithJudgeEnvironment(judge_backoff_s=0)
+    task = Task(id="m", env="math_with_judge", messages=(ChatMessage(role="user", content="2+2?"),),
+                data={"question": "2+2?", "expected_answer": "4"})
+    reply = "x" * size + "{"  # no box: neither the library nor a judge runs, only the scan
+    transcript = (*task.messages, ChatMessage(role="assistant", content=reply))
+    score = await env.verify(env.parse_task(task), transcript, {}, VerifyContext("p", None, {}, run_isolated))
+    assert score.reward == 0.0
+    assert isolated == ([last_boxed.__name__] if size > 64 * 1024 else [])
