@@ -26,7 +26,9 @@ import traceback
 from collections import OrderedDict
 from typing import Any
 
+from gymflow.activities.capabilities import drop_sys_resource
 from gymflow.activities.env_calls import score, tool_result
+from gymflow.activities.process_tree import become_subreaper, kill_descendants
 from gymflow.environments.base import Environment, TaskData, VerifyContext
 from gymflow.environments.registry import environment_at
 
@@ -34,13 +36,20 @@ from gymflow.kernel.failures import short_message
 from gymflow.kernel.wire import Task
 
 HEADER = struct.Struct("!Q")
-MAX_FRAME_BYTES = 256 << 20  # a request or a reply (a long transcript, a tool's state); over it is an error
+MAX_FRAME_BYTES = 256 << 20  # a request (a long transcript to verify, a tool's state); over it is an error
+# A reply is unpickled in the worker: its size bounds what it costs the worker (a 10-million-element reply once took
+# a worker from 35 to 465 MB). A state is bounded at 16 MiB of JSON (activities/episode.py MAX_STATE_BYTES).
+MAX_REPLY_BYTES = 48 << 20
 _TASKS_KEPT = 256
 _MEMORY_REPLY = pickle.dumps(("memory",))  # built before any cap applies: answering it allocates nothing new
 
 
 class NeedTask(Exception):
     pass
+
+
+class MemoryCapRaised(Exception):
+    """A call needs a larger memory cap than this process may set any more: the parent starts a fresh one."""
 
 
 def send_frame(sock: socket.socket, payload: bytes) -> None:
@@ -69,10 +78,18 @@ class _Child:
         self.memory_mb = 0
 
     def cap_memory(self, mb: int) -> None:
-        if mb != self.memory_mb:
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            resource.setrlimit(resource.RLIMIT_AS, (mb << 20 if mb > 0 else hard, hard))
-            self.memory_mb = mb
+        """Soft and hard limit both: with only the soft one, code in the call could raise it to the hard one and
+        allocate past the cap. Raising the hard limit again for a later call with a larger cap needs
+        CAP_SYS_RESOURCE (a root worker has it); without it, that call's process is replaced (MemoryCapRaised)."""
+        if mb == self.memory_mb:
+            return
+        if mb <= 0:
+            raise ValueError(f"memory cap of {mb} MB: every call has a cap")
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
+        except (ValueError, OSError):
+            raise MemoryCapRaised from None
+        self.memory_mb = mb
 
     def task(self, env: Environment, key: str, task_json: bytes | None) -> tuple[Task, TaskData]:
         if key in self.tasks:
@@ -152,6 +169,8 @@ def serve(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.setblocking(True)
+    become_subreaper()  # what a call's processes orphan stays below this one, where kill_tree finds it
+    drop_sys_resource()  # a root worker's call could otherwise raise its own memory cap back
     child = _Child()
     send_frame(sock, pickle.dumps(("ready", os.getpid())))
     while True:
@@ -167,6 +186,9 @@ def serve(sock: socket.socket) -> None:
             payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
         except NeedTask:
             payload = pickle.dumps(("need_task",))
+        except MemoryCapRaised:
+            send_frame(sock, pickle.dumps(("respawn",)))
+            os._exit(0)
         except MemoryError:
             _out_of_memory(sock)
         except Exception as e:
@@ -174,9 +196,10 @@ def serve(sock: socket.socket) -> None:
         except BaseException:  # SystemExit and the like: the environment ended its process
             sys.stdout.flush()
             os._exit(3)
-        if len(payload) > MAX_FRAME_BYTES:
+        kill_descendants()  # nothing a call started outlives it
+        if len(payload) > MAX_REPLY_BYTES:
             payload = pickle.dumps(("raised", None, "ReplyTooLarge",
-                                    f"the reply is {len(payload)} bytes, over {MAX_FRAME_BYTES}", ""))
+                                    f"the reply is {len(payload)} bytes, over {MAX_REPLY_BYTES}", ""))
         send_frame(sock, payload)
 
 

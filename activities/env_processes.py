@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gymflow.activities.env_calls import tool_error
-from gymflow.activities.env_child import _TASKS_KEPT, HEADER, MAX_FRAME_BYTES, serve
+from gymflow.activities.env_child import _TASKS_KEPT, HEADER, MAX_FRAME_BYTES, MAX_REPLY_BYTES, serve
+from gymflow.activities.process_tree import kill_tree
 from gymflow.environments.base import JSON, Environment, Step
 from gymflow.environments.registry import entry_point_value
 
 from gymflow.kernel.errors import ConfigError, GymflowError, VerifierError
-from gymflow.kernel.failures import ENVIRONMENT_ERROR, VERIFIER_CRASHED, VERIFIER_TIMEOUT
+from gymflow.kernel.failures import ENVIRONMENT_ERROR, VERIFIER_CRASHED, VERIFIER_TIMEOUT, short_message
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolCall, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ PROCESSES_ENV = "GYMFLOW_ENV_PROCESSES"  # overrides the default process count
 # verifier) never queue the other rollouts' calls behind them. Extras retire once nobody waits.
 HELD_S = 0.5
 OVERFLOW_FACTOR = 4
+# A call that needs a larger memory cap than its process may set (its hard limit is lowered per call, and raising it
+# needs CAP_SYS_RESOURCE) goes to a fresh process; bounded.
+RESPAWNS = 3
 
 
 def default_size() -> int:
@@ -65,6 +69,9 @@ def default_size() -> int:
     if os.environ.get(PROCESSES_ENV):
         return max(1, int(os.environ[PROCESSES_ENV]))
     return max(2, min(8, os.cpu_count() or 1))
+
+
+MIN_MEMORY_MB = 64  # below it Python itself cannot start a call
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ class Limits:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86_400 * 1024:
                 raise ConfigError(f"environments.*.{key}: expected a positive number, got {value!r}")
+            if field == "memory_mb" and value < MIN_MEMORY_MB:  # 0.5 once became 0: no cap at all
+                raise ConfigError(f"environments.*.memory_mb: at least {MIN_MEMORY_MB} (MB), got {value!r}")
             out[field] = int(value) if field == "memory_mb" else float(value)
         return cls(**out)
 
@@ -151,7 +160,7 @@ class _Proc:
         try:
             # Only while it has not been reported dead: its pid may be reused once it has.
             if self.process.pid is not None and self.process.exitcode is None:
-                self.process.kill()
+                kill_tree(self.process.pid)  # and whatever its call started (activities/process_tree.py)
         except ValueError:  # already reaped and closed
             pass
         try:
@@ -195,10 +204,20 @@ async def _recv(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> tuple[A
     if head is None:
         return None
     (n,) = HEADER.unpack(head)
-    if n > MAX_FRAME_BYTES:
-        return None
+    if n > MAX_REPLY_BYTES:
+        raise UnreadableReply(f"a reply of {n} bytes, over {MAX_REPLY_BYTES}")
     body = await _recv_exact(loop, sock, n)
-    return None if body is None else pickle.loads(body)
+    if body is None:
+        return None
+    try:
+        return pickle.loads(body)
+    except Exception as e:  # a class this worker lacks, a truncated or hostile pickle: the environment's failure
+        why = f"{type(e).__name__}: {short_message(e, 120)}"
+        raise UnreadableReply(f"a reply this worker cannot read ({why})") from None
+
+
+class UnreadableReply(Exception):
+    """A supervised process answered what the worker refuses to read: too large, or not unpicklable here."""
 
 
 async def _exit_code(proc: _Proc, wait_s: float = 0.5) -> int | None:
@@ -246,6 +265,11 @@ class EnvProcesses:
             proc.start()
             self._procs.add(proc)
             self._starting.add(proc)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # started outside a loop: the first call's loop watches the starts
+            return
+        self._bind()  # watched from now on, so the processes are ready before the first call
 
     async def close(self, grace_s: float = 2.0) -> None:
         """Stop every process: an idle one exits when its socket closes, a busy one is killed; whatever is still
@@ -442,6 +466,8 @@ class EnvProcesses:
             reply = await _recv(loop, proc.sock)
         except OSError:
             reply = None
+        except UnreadableReply as e:
+            raise CallFailed("crashed", f"sent {e}") from None
         finally:
             timer.cancel()
         if reply is None:
@@ -466,19 +492,24 @@ class EnvProcesses:
                     what: str) -> Any:
         """One request on a free process. With `task`, its environment is loaded there first (untimed by the
         call's limit), and for every op but "call" the task travels with it (by key once the process holds it)."""
-        proc = await self._acquire()
-        proc.busy_since = asyncio.get_running_loop().time()
-        healthy = False
-        try:
-            reply = await self._load(proc, task, memory_mb) if task is not None else None
-            if reply is None:
-                reply = await self._request(proc, op, task, rest, timeout_s, memory_mb, what)
-            healthy = True
-        finally:
-            if healthy:
-                self._release(proc)
-            else:  # timed out, died, cancelled, shutting down: its state is unknown
-                self._replace(proc)
+        for _ in range(RESPAWNS):
+            proc = await self._acquire()
+            proc.busy_since = asyncio.get_running_loop().time()
+            healthy = False
+            try:
+                reply = await self._load(proc, task, memory_mb) if task is not None else None
+                if reply is None:
+                    reply = await self._request(proc, op, task, rest, timeout_s, memory_mb, what)
+                healthy = reply[0] != "respawn"
+            finally:
+                if healthy:
+                    self._release(proc)
+                else:  # timed out, died, cancelled, shutting down, or may not raise its memory cap: replaced
+                    self._replace(proc)
+            if reply[0] != "respawn":
+                break
+        else:
+            raise CallFailed("crashed", f"found no process that could take its {memory_mb} MB memory cap")
         if reply[0] == "raised":
             _raise_remote(reply)
         return reply[1]

@@ -22,6 +22,7 @@ from gymflow.workers.pools import build_pool
 from gymflow.client import GymflowClient
 from gymflow.kernel.config import Settings, load_settings
 from gymflow.kernel.connect import connect_temporal
+from gymflow.kernel.store.db import migrate
 from gymflow.testing.scripted_openai import ScriptedOpenAI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackAddresses]:
     state = tmp_path_factory.mktemp("stack")
     os.chmod(state, 0o755)  # embedded Postgres runs as its own system user when we are root
     with LocalStack(state, port=free_port(), headless=True) as addresses:
+        # The schema up front: under xdist a test that only reads (the codec's) may run before any worker has
+        # migrated this process's database.
+        migrate(addresses.database_url)
         yield addresses
 
 

@@ -28,6 +28,7 @@ from tests.hostile_env import CATASTROPHIC, NAME, hostile_env, hostile_task  # n
 LIMIT_S = 2.0
 OPTIONS = {"tool_timeout_s": LIMIT_S, "verify_timeout_s": LIMIT_S, "setup_timeout_s": LIMIT_S, "memory_mb": 1024}
 MARGIN_S = 1.5  # a kill, and a loaded 2-core box
+HOLD_S = 8.0  # how long the holders of every process hold them
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -152,22 +153,26 @@ async def test_queueing_for_a_process_does_not_count_against_the_call(hostile_en
 
 
 async def test_calls_held_to_their_limit_get_extra_processes_for_the_others(hostile_env):  # noqa: F811
-    # Both processes held by spinning calls (to their 2 s limit): the calls that come after get extra processes
-    # instead of queueing behind them, and the extras retire once nobody waits.
+    # Both processes held by blocking calls (to an 8 s limit): the calls that come after get extra processes
+    # instead of queueing behind them, and the extras retire once nobody waits. The holders sleep rather than
+    # spin so that a loaded CI box (two test processes on two cores) still starts the extras well inside 8 s.
     two = EnvProcesses(2)
     two.start()
+    held = {**OPTIONS, "tool_timeout_s": HOLD_S}
     try:
         await asyncio.gather(*(_tool(two, _call("echo", text="warm")) for _ in range(2)))  # both up, env loaded
         await _full(two)
-        spinners = [asyncio.ensure_future(_tool(two, _call("spin"))) for _ in range(2)]
+        task, env = hostile_task(), get_environment(NAME)
+        holders = [asyncio.ensure_future(run_tool_call(env, task, None, {}, _call("sleep"), two, held))
+                   for _ in range(2)]
         await asyncio.sleep(0.1)
         started = time.monotonic()
         normal = await asyncio.gather(*(_tool(two, _call("echo", text="hi")) for _ in range(10)))
         took = time.monotonic() - started
         assert all(not r.is_error for r in normal)
-        assert not any(s.done() for s in spinners), "the spinners ended before the normal calls"
-        assert took < 1.5, took  # HELD_S plus a process start, never the spinners' 2 s
-        assert all(r.is_error for r in await asyncio.gather(*spinners))
+        assert not any(h.done() for h in holders), "the holders ended before the normal calls"
+        assert took < HOLD_S / 2, took  # HELD_S plus a process start, never the holders' limit
+        assert all(r.is_error for r in await asyncio.gather(*holders))
         for _ in range(100):
             if len(two._procs) == two.size:  # noqa: SLF001
                 break

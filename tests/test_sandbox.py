@@ -49,12 +49,28 @@ def host_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _other_test_processes() -> set[int]:
+    """Under pytest-xdist, the other workers (our siblings below the controller): their sandboxes are theirs."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return set()
+    return {c.pid for c in psutil.Process(os.getppid()).children()} - {os.getpid()}
+
+
+def _belongs_to(proc: psutil.Process, pids: set[int]) -> bool:
+    try:
+        return any(parent.pid in pids for parent in proc.parents())
+    except psutil.Error:
+        return False
+
+
 def leftover_sandbox_processes() -> list[psutil.Process]:
-    """Live processes started by a sandbox bootstrap (they carry its command line)."""
-    found = []
+    """Live processes started by a sandbox bootstrap (they carry its command line), anywhere on the machine (an
+    escaped one is reparented away from us) but below another xdist worker of this run."""
+    found, others = [], _other_test_processes()
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "runpy.run_path('main.py'" in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
+        if "runpy.run_path('main.py'" in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE \
+                and not _belongs_to(proc, others):
             found.append(proc)
     return found
 
