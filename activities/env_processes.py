@@ -32,7 +32,7 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -148,6 +148,7 @@ class _Proc:
         self.expired = False
         self.reaped = False
         self.busy_since: float | None = None  # loop time its current call began; None while idle
+        self.share: str | None = None  # whose call it serves (EnvProcesses fair share); None while idle
 
     def start(self) -> None:
         try:
@@ -244,7 +245,12 @@ class EnvProcesses:
             self._ctx.set_forkserver_preload(["__main__", "gymflow.activities.env_child"])
         self._procs: set[_Proc] = set()
         self._idle: deque[_Proc] = deque()
-        self._waiters: deque[asyncio.Future[_Proc]] = deque()
+        self._waiters: deque[tuple[str, asyncio.Future[_Proc]]] = deque()  # (share key, waiter), oldest first
+        self._busy_by: Counter[str] = Counter()  # share key -> processes serving its calls now
+        # Fair share: one key (an environment) holds at most `share` processes, so the calls of another always
+        # find one, however many of the first key's run to their limit (a hostile input of one environment);
+        # a process that frees goes to the waiting key holding fewest.
+        self.share = max(1, self.max_size - max(1, self.size // 2))
         self._starting: set[_Proc] = set()  # started, not yet ready
         self._background: set[asyncio.Task[None]] = set()
         self._keys: OrderedDict[int, tuple[Task, str, bytes]] = OrderedDict()
@@ -278,7 +284,7 @@ class EnvProcesses:
             return
         self._closed = True
         while self._waiters:
-            waiter = self._waiters.popleft()
+            _, waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(EnvProcessesClosed("environment processes are shutting down"))
         for task in list(self._background):
@@ -349,7 +355,7 @@ class EnvProcesses:
             self._start_error = f"environment processes cannot start: {e}"
             if self._broken():  # nothing could serve the callers waiting: they fail now, retryably
                 while self._waiters:
-                    waiter = self._waiters.popleft()
+                    _, waiter = self._waiters.popleft()
                     if not waiter.done():
                         waiter.set_exception(EnvProcessesBusy(self._start_error))
             await asyncio.to_thread(proc.reap)
@@ -379,7 +385,7 @@ class EnvProcesses:
         stay at `size` at least, and all of them at `max_size` at most. Looks again every HELD_S while anyone
         waits (a busy process may become held meanwhile)."""
         self._grow_timer = None
-        waiting = sum(1 for w in self._waiters if not w.done())
+        waiting = sum(1 for key, w in self._waiters if not w.done() and self._busy_by[key] < self.share)
         if self._closed or not waiting:
             return
         target = min(self.max_size, self.size + self._held())
@@ -388,13 +394,38 @@ class EnvProcesses:
         if len(self._procs) < self.max_size:
             self._grow_timer = asyncio.get_running_loop().call_later(HELD_S, self._grow)
 
+    def _assign(self, proc: _Proc, key: str) -> _Proc:
+        proc.share = key
+        self._busy_by[key] += 1
+        return proc
+
+    def _unassign(self, proc: _Proc) -> None:
+        if proc.share is not None:
+            self._busy_by[proc.share] -= 1
+            if self._busy_by[proc.share] <= 0:
+                del self._busy_by[proc.share]
+            proc.share = None
+
+    def _next_waiter(self) -> tuple[str, asyncio.Future[_Proc]] | None:
+        """The oldest waiter of the key holding fewest processes, among keys under their share."""
+        best: tuple[str, asyncio.Future[_Proc]] | None = None
+        for entry in self._waiters:
+            key, waiter = entry
+            if waiter.done() or self._busy_by[key] >= self.share:
+                continue
+            if best is None or self._busy_by[key] < self._busy_by[best[0]]:
+                best = entry
+        self._waiters = deque(e for e in self._waiters if not e[1].done() and e is not best)
+        return best
+
     def _release(self, proc: _Proc) -> None:
         proc.busy_since = None
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(proc)
-                return
+        self._unassign(proc)
+        chosen = self._next_waiter()
+        if chosen is not None:
+            key, waiter = chosen
+            waiter.set_result(self._assign(proc, key))
+            return
         if len(self._procs) > self.size + self._held():  # an extra nobody needs now: it exits on EOF
             self._procs.discard(proc)
             proc.sock.close()
@@ -406,6 +437,7 @@ class EnvProcesses:
 
     def _replace(self, proc: _Proc) -> None:
         """Kill `proc` (its state is unknown) and start another in its place."""
+        self._unassign(proc)
         proc.kill()
         self._procs.discard(proc)
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(proc.reap))
@@ -414,15 +446,16 @@ class EnvProcesses:
         if not self._closed:
             self._spawn()
 
-    async def _acquire(self) -> _Proc:
+    async def _acquire(self, key: str) -> _Proc:
+        """A free process for a call of `key` (its fair-share key), waiting at most queue_timeout_s."""
         self._bind()
-        if self._idle:
-            return self._idle.popleft()
+        if self._idle and self._busy_by[key] < self.share:
+            return self._assign(self._idle.popleft(), key)
         if self._broken():
             raise EnvProcessesBusy(self._start_error)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[_Proc] = loop.create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((key, waiter))
         if self._grow_timer is None:
             self._grow()
         try:
@@ -492,8 +525,9 @@ class EnvProcesses:
                     what: str) -> Any:
         """One request on a free process. With `task`, its environment is loaded there first (untimed by the
         call's limit), and for every op but "call" the task travels with it (by key once the process holds it)."""
+        key = task.env if task is not None else f"call:{what}"
         for _ in range(RESPAWNS):
-            proc = await self._acquire()
+            proc = await self._acquire(key)
             proc.busy_since = asyncio.get_running_loop().time()
             healthy = False
             try:

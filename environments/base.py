@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gymflow.kernel.errors import TaskError, ToolError
 from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
@@ -77,6 +77,29 @@ async def run_isolated(ctx: VerifyContext, fn: Callable[..., Any], *args: Any) -
 Placement = Literal["local", "pool"]
 Step = Literal["setup", "tool", "verify"]
 
+# Bounds of the per-call limits (activities/env_processes.py `Limits`). Below 0.1 s a call cannot even reach its
+# supervised process; above them a stuck call holds a process for hours. Verify may wait on a judge: up to a day.
+MIN_CALL_S = 0.1
+MAX_CALL_S = 3600.0
+MAX_VERIFY_S = 86_400.0
+MIN_MEMORY_MB, MAX_MEMORY_MB = 16, 1_048_576  # below 16 MB the interpreter cannot start; above, 1 TiB
+
+
+class EnvironmentOptions(BaseModel):
+    """The options every environment takes (`environments.<name>.*` in the config); an environment with its own
+    subclasses this as its `Options`. Checked when settings load for work (`registry.check_options`); unset (None):
+    the platform's default. Strict: a string or a float where an integer goes fails at load, not at call time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    placement: Placement | None = Field(None, description="Where setup, tools and verify run (see `placement`)")
+    tool_timeout_s: float | None = Field(None, ge=MIN_CALL_S, le=MAX_CALL_S, description="One tool call")
+    setup_timeout_s: float | None = Field(None, ge=MIN_CALL_S, le=MAX_CALL_S, description="Setup")
+    verify_timeout_s: float | None = Field(None, ge=MIN_CALL_S, le=MAX_VERIFY_S, description="Verify")
+    memory_mb: int | None = Field(None, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB,
+                                  description="A call's address space (RLIMIT_AS)")
+    max_state_bytes: int | None = Field(None, ge=1024, le=1 << 30, description="The episode state's JSON size")
+
 
 class Environment(ABC, Generic[T]):
     name: ClassVar[str]
@@ -85,6 +108,8 @@ class Environment(ABC, Generic[T]):
     # workflow pool (cheap, in-process, no sandbox: fewer Temporal transitions per rollout), "pool" on the env
     # pool (sandboxed, judged or heavy). Overridden per run by `environments.<name>.placement` in the config.
     placement: ClassVar[Placement] = "pool"
+    # The options this environment reads from `environments.<name>` (types, bounds; unknown names refused).
+    Options: ClassVar[type[EnvironmentOptions]] = EnvironmentOptions
     # True for an adapter whose rows may carry any other environment's fields (nemo_gym): routing then never
     # tells such a row it fits another environment better.
     accepts_any_row: ClassVar[bool] = False

@@ -23,12 +23,14 @@ from gymflow.kernel.errors import GymflowError, VerifierError
 from gymflow.kernel.failures import ENVIRONMENT_ERROR, VERIFIER_CRASHED, VERIFIER_TIMEOUT
 from gymflow.kernel.wire import ChatMessage, FunctionCall, Task, ToolCall
 from tests.faulty_env import TRACEBACK_TEXT
+from tests.helpers import weather_task
 from tests.hostile_env import CATASTROPHIC, NAME, hostile_env, hostile_task  # noqa: F401 - hostile_env: a fixture
 
 LIMIT_S = 2.0
 OPTIONS = {"tool_timeout_s": LIMIT_S, "verify_timeout_s": LIMIT_S, "setup_timeout_s": LIMIT_S, "memory_mb": 1024}
 MARGIN_S = 1.5  # a kill, and a loaded 2-core box
 HOLD_S = 8.0  # how long the holders of every process hold them
+HELD_S_WAIT = 0.6  # past the pool's HELD_S: every process counts as held
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -182,6 +184,40 @@ async def test_calls_held_to_their_limit_get_extra_processes_for_the_others(host
         await two.close()
 
 
+async def test_one_environment_holding_every_process_leaves_one_for_another(hostile_env):  # noqa: F811
+    # Ten hostile calls of one environment, each held to an 8 s limit, against a pool of 2 (8 at most): the
+    # hostile environment gets at most its fair share, so a call of another environment that arrives after
+    # them still finds a process at once instead of waiting out their limit.
+    two = EnvProcesses(2)
+    two.start()
+    held = {**OPTIONS, "tool_timeout_s": HOLD_S}
+    try:
+        await _full(two)
+        task, env = hostile_task(), get_environment(NAME)
+        holders = [asyncio.ensure_future(run_tool_call(env, task, None, {}, _call("sleep"), two, held))
+                   for _ in range(10)]
+        most = min(two.share, two.max_size)
+        for _ in range(120):  # the pool grows for them, up to their fair share
+            if sum(1 for p in two._procs if p.share == NAME) >= most:  # noqa: SLF001
+                break
+            await asyncio.sleep(0.05)
+        assert sum(1 for p in two._procs if p.share == NAME) == most < two.max_size  # noqa: SLF001
+        await asyncio.sleep(HELD_S_WAIT)  # and would take the next free process, without a share
+        weather = weather_task()
+        started = time.monotonic()
+        res = await run_tool_call(get_environment(weather.env), weather, None, {},
+                                  _call("get_weather", city="SF"), two, OPTIONS)
+        took = time.monotonic() - started
+        assert not res.is_error, res.message.content
+        assert not any(h.done() for h in holders), "the hostile calls ended before the other environment's"
+        assert took < HOLD_S / 2, took  # a process start and a load, never the holders' limit
+        for h in holders:
+            h.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+    finally:
+        await two.close()
+
+
 # ---- arguments --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("use_pool", [True, False])
@@ -222,6 +258,7 @@ def _ctx() -> VerifyContext:
 ])
 async def test_a_verifier_past_its_limits_masks_the_rollout(procs, how, failure_type, says):
     task = hostile_task(verify=how)
+    await _full(procs)  # the replacement of an earlier test's process is up: only this call is timed
     started = time.monotonic()
     score = await verify_episode(get_environment(NAME), None, [], {}, _ctx(), task, procs)
     assert time.monotonic() - started < LIMIT_S + MARGIN_S

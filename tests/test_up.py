@@ -42,7 +42,12 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
             await asyncio.sleep(0.2)
         children = psutil.Process(proc.pid).children(recursive=True)
         settings = load_settings(config, env=env)  # finds the running stack through stack.json
-        client = await asyncio.wait_for(GymflowClient.connect(settings), 120)
+        notices: list[str] = []
+        try:
+            client = await asyncio.wait_for(GymflowClient.connect(settings, on_notice=notices.append), 120)
+        except TimeoutError:  # say what `up` and the client saw, not just that the wait ended
+            tail = log.read_text(errors="replace")[-4000:]
+            raise AssertionError(f"client did not connect in 120 s; notices: {notices}; up.log tail:\n{tail}") from None
         scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
         summary = await asyncio.wait_for(client.run_rollout(client.make_input("up", weather_task(), 0, "policy")), 60)
         await client.close()
