@@ -82,15 +82,16 @@ Step = Literal["setup", "tool", "verify"]
 MIN_CALL_S = 0.1
 MAX_CALL_S = 3600.0
 MAX_VERIFY_S = 86_400.0
-MIN_MEMORY_MB, MAX_MEMORY_MB = 16, 1_048_576  # below 16 MB the interpreter cannot start; above, 1 TiB
+MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1_048_576  # below 64 MB a call's interpreter cannot start; above, 1 TiB
 
 
 class EnvironmentOptions(BaseModel):
     """The options every environment takes (`environments.<name>.*` in the config); an environment with its own
-    subclasses this as its `Options`. Checked when settings load for work (`registry.check_options`); unset (None):
-    the platform's default. Strict: a string or a float where an integer goes fails at load, not at call time."""
+    subclasses this as its `Options`. Checked when settings load and when a collect starts
+    (`registry.check_options`); unset (None): the platform's default. Lax on purpose: `${VAR}` in the config gives
+    strings, so "10" is 10; but NaN, a fraction where an integer goes, an unknown name fail at load."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     placement: Placement | None = Field(None, description="Where setup, tools and verify run (see `placement`)")
     tool_timeout_s: float | None = Field(None, ge=MIN_CALL_S, le=MAX_CALL_S, description="One tool call")

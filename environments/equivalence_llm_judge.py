@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import regex
-from gymflow.environments.base import ChatFn, Environment, TaskData, VerifyContext
+from gymflow.environments.base import ChatFn, Environment, EnvironmentOptions, TaskData, VerifyContext
 from gymflow.environments.equivalence_llm_judge_prompt import DEFAULT_PROMPT_TEMPLATE
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -159,6 +159,10 @@ class JudgeOptions(BaseModel):
         return v
 
 
+class EquivalenceOptions(JudgeOptions, EnvironmentOptions):
+    """The judge's options beside the platform's (placement, limits)."""
+
+
 def load_options(options: JSON) -> JudgeOptions:
     known = {k: v for k, v in options.items() if k in JudgeOptions.model_fields}
     try:
@@ -183,6 +187,7 @@ class EquivalenceLLMJudgeEnvironment(Environment[EquivalenceLLMJudgeTask]):
 
     name = "equivalence_llm_judge"
     task_type = EquivalenceLLMJudgeTask
+    Options = EquivalenceOptions
     in_loop_reason = "its verdict is a judge model's (async `ctx.chat`); its regexes run with a timeout (`regex`)"
     row_fields = ("question", "uuid", "options", "reward_profiles", "judge_evaluations")  # NeMo Gym: unread here
 

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from gymflow.environments.base import Environment, TaskData, VerifyContext, final_assistant_text
+from gymflow.environments.base import Environment, EnvironmentOptions, TaskData, VerifyContext, final_assistant_text
 from gymflow.environments.instruction_following_checks import CHECKS, kwarg_problem, normalise
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -117,11 +117,16 @@ def grade(metadata: VerifierMetadata, text: str) -> JSON:
             "checker_errors": errors}
 
 
+class InstructionFollowingOptions(EnvironmentOptions):
+    max_response_chars: int | None = Field(None, ge=1, le=10_000_000, description="Longer answers score 0")
+
+
 class InstructionFollowingEnvironment(Environment[InstructionFollowingTask]):
     """Option (`VerifyContext.options`): `max_response_chars` (default 100,000; longer answers score 0)."""
 
     name = "instruction_following"
     task_type = InstructionFollowingTask
+    Options = InstructionFollowingOptions
     # Older rows keep the verifier fields at the top level; rollout rows carry the verdicts.
     row_fields = (*_LEGACY_FIELDS, "follow_all_instructions", "follow_instruction_list")
 

@@ -31,9 +31,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from gymflow.environments.base import (
+    MAX_VERIFY_S,
+    MIN_CALL_S,
     PLATFORM_ERRORS,
     ChatFn,
     Environment,
+    EnvironmentOptions,
     Placement,
     Step,
     TaskData,
@@ -42,6 +45,7 @@ from gymflow.environments.base import (
     episode_assistant_texts,
     run_isolated,
 )
+from pydantic import Field
 
 from gymflow.kernel.errors import GymflowError, ToolError, VerifierError
 from gymflow.kernel.failures import JUDGE_FAILED, JUDGE_UNAVAILABLE
@@ -192,6 +196,13 @@ def _option(ctx: VerifyContext, data: MathWithJudgeTask, key: str) -> Any:
     return value if value is not None else getattr(data, key)
 
 
+class MathWithJudgeOptions(EnvironmentOptions):
+    judge_model: str | None = Field(None, min_length=1, description="A configured model name: the judge")
+    should_use_judge: bool | None = Field(None, description="NeMo Gym's flag; false: math-verify alone")
+    library_timeout_s: float | None = Field(None, ge=MIN_CALL_S, le=MAX_VERIFY_S,
+                                            description="Older name of verify_timeout_s")
+
+
 class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
     """Options (`VerifyContext.options`, else the task's fields): `judge_model`, the model name given to
     `ctx.chat`; `should_use_judge` (NeMo Gym's flag). Unset, the judge runs when both a judge model and
@@ -199,6 +210,7 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
 
     name = "math_with_judge"
     task_type = MathWithJudgeTask
+    Options = MathWithJudgeOptions
     placement = "local"  # math-verify in the workflow pool's supervised processes; a judge moves it to the env pool
 
     @classmethod

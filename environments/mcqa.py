@@ -15,8 +15,15 @@ from typing import Any, Literal
 
 import regex
 from gymflow.environments import mcqa_extract as ex
-from gymflow.environments.base import JSON, Environment, TaskData, VerifyContext, episode_assistant_texts
-from pydantic import field_validator, model_validator
+from gymflow.environments.base import (
+    JSON,
+    Environment,
+    EnvironmentOptions,
+    TaskData,
+    VerifyContext,
+    episode_assistant_texts,
+)
+from pydantic import Field, field_validator, model_validator
 
 from gymflow.kernel.errors import CONFIG_ERROR, VerifierError
 from gymflow.kernel.wire import ChatMessage, Score, Task
@@ -24,11 +31,18 @@ from gymflow.kernel.wire import ChatMessage, Score, Task
 REGEX_TIMEOUT_S = 2.0  # per row pattern, over one answer; the run's `regex_timeout_s` option overrides it
 
 
+GradingMode = Literal["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon"]
+
+
+class MCQAOptions(EnvironmentOptions):
+    grading_mode: GradingMode | None = Field(None, description="Overrides every row's grading_mode")
+    regex_timeout_s: float | None = Field(None, gt=0, le=60, description="One row pattern over one answer")
+
+
 class MCQATask(TaskData):
     options: list[dict[str, str | None]]
     expected_answer: str
-    grading_mode: Literal["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon"] = (
-        "strict_single_letter_boxed")
+    grading_mode: GradingMode = "strict_single_letter_boxed"
     template_metadata: dict[str, Any] | None = None
 
     @field_validator("expected_answer")
@@ -108,6 +122,7 @@ def _options(ctx: VerifyContext) -> tuple[str | None, float]:
 class MCQAEnvironment(Environment[MCQATask]):
     name = "mcqa"
     task_type = MCQATask
+    Options = MCQAOptions
     row_fields = ("uuid", "metadata", "reward_profiles", "extracted_answer")  # NeMo Gym provenance: not graded
 
     async def verify(self, data: MCQATask, messages: Sequence[ChatMessage], state: JSON,

@@ -18,7 +18,15 @@ from typing import Any
 
 from gymflow.environments import nemo_gym_http as http
 from gymflow.environments import nemo_gym_responses as responses
-from gymflow.environments.base import JSON, Environment, TaskData, ToolOutput, VerifyContext
+from gymflow.environments.base import (
+    JSON,
+    MAX_VERIFY_S,
+    Environment,
+    EnvironmentOptions,
+    TaskData,
+    ToolOutput,
+    VerifyContext,
+)
 from pydantic import Field
 
 from gymflow.kernel.errors import ConfigError, TaskError, ToolError, VerifierError
@@ -69,9 +77,15 @@ def _scalar_details(reply: JSON, sent: JSON) -> JSON:
     return out
 
 
+class NemoGymOptions(EnvironmentOptions):
+    servers: dict[str, str] | None = Field(None, description="Resources server name -> its http(s) URL")
+    timeout_s: float | None = Field(None, gt=0, le=MAX_VERIFY_S, description="One request to a resources server")
+
+
 class NemoGymEnvironment(Environment[NemoGymTask]):
     name = "nemo_gym"
     task_type = NemoGymTask
+    Options = NemoGymOptions
     in_loop_reason = "its work is async HTTP to NeMo Gym's resources servers, processes of their own"
 
     # A nemo_gym row is any NeMo Gym row plus `resources_server`: routing must not send a math row here to

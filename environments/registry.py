@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from gymflow.environments.base import Environment
+from pydantic import ValidationError
 
-from gymflow.kernel.errors import UNKNOWN_ENV, GymflowError
+from gymflow.kernel.errors import UNKNOWN_ENV, ConfigError, GymflowError
 
 GROUP = "gymflow.environments"
 
@@ -49,3 +52,35 @@ def environment_at(name: str, value: str) -> Environment:
     if not isinstance(env, Environment):
         raise GymflowError(f"entry point {value} did not produce an Environment", failure_type=UNKNOWN_ENV)
     return env
+
+
+def check_options(options: Mapping[str, Any], source: str = "the config") -> dict[str, dict[str, Any]]:
+    """Every `environments.<name>` of the config against that environment's declared `Options` (types, bounds,
+    names). Returns the options as validated ("10" from a `${VAR}` becomes 10); every problem at once otherwise, each
+    naming the file, the key and, for an unknown name, the known ones."""
+    problems: list[str] = []
+    out: dict[str, dict[str, Any]] = {}
+    for name, given in options.items():
+        key = f"environments.{name}"
+        if not isinstance(given, Mapping):
+            problems.append(f"{key}: expected a mapping of option names to values, got {type(given).__name__}")
+            continue
+        try:
+            options_model = get_environment(name).Options
+        except GymflowError:
+            problems.append(f"{key}: no environment {name!r} is installed (installed: "
+                            f"{', '.join(available()) or 'none'})")
+            continue
+        try:
+            out[name] = options_model.model_validate(dict(given)).model_dump(exclude_unset=True)
+        except ValidationError as err:
+            known = ", ".join(sorted(options_model.model_fields))
+            for e in err.errors():
+                where = ".".join(str(p) for p in e["loc"])
+                if e["type"] == "extra_forbidden":
+                    problems.append(f"{key}.{where}: unknown option (known: {known})")
+                else:
+                    problems.append(f"{key}.{where}: {e['msg']} (got {repr(e.get('input'))[:80]})")
+    if problems:
+        raise ConfigError(f"{source}: " + f"; {source}: ".join(problems))
+    return out

@@ -154,9 +154,11 @@ def placement_of(settings: Settings, env: str) -> Placement:
 def check_collectable(settings: Settings, envs: Iterable[str], model: str, run_id: str | None = None) -> None:
     """Before anything starts: the run id fits a workflow id, every environment is installed and the model is
     configured."""
-    from gymflow.environments.registry import available  # lazy: lists entry points, imports no environment
+    # lazy: lists entry points, imports only the configured environments
+    from gymflow.environments.registry import available, check_options
 
     installed = available()
+    check_options(settings.environments, "settings.environments")  # a typo or NaN fails here, not per rollout
     problems = []
     if run_id is not None and (why := run_id_problem(run_id)):
         problems.append(why)

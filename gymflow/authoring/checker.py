@@ -1,26 +1,36 @@
-"""`gymflow env check`: every row of a dataset through an environment, in-process, reported by line.
+"""`gymflow env check`: every row of a dataset through an environment, reported by line.
 
 Per row: parse it (errors name line and field), `validate` (the gold answer must score 1.0), then a scripted
-episode without Temporal through the same tool and verify code the activities run (`run_tool_call`,
-`verify_episode`): the environment's `gold_turns` when it has them, else one call of each offered tool with
-arguments from its schema and a plain answer. Last, a hostile reply (NUL bytes, junk) must be scored, not
-crash the verifier or mask the rollout. Every awaited environment call has a timeout.
+episode without Temporal through the same tool and verify code the activities run (`tool_result`, `score`):
+the environment's `gold_turns` when it has them, else one call of each offered tool with arguments from its
+schema and a plain answer. Last, a hostile reply (NUL bytes, junk) must be scored, not crash the verifier or
+mask the rollout. Every environment call has a timeout.
+
+An installed environment (the registry's own instance, as `gymflow env check` passes) runs in the workers'
+supervised processes (activities/env_processes.py), killed at the timeout: `asyncio.wait_for` cannot interrupt
+synchronous code, such as a row's regex that backtracks for ever. Only the steps its worker runs in the event
+loop (`runs_in_loop`, `in_loop_reason`) run here, under `wait_for`; so does any other instance (a test's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gymflow.activities.env_activities import run_tool_call, verify_episode
+from gymflow.activities.env_activities import verify_episode
+from gymflow.activities.env_calls import score, tool_result
+from gymflow.activities.env_processes import EnvProcesses, Limits, RemoteError, RemoteTraceback
 from gymflow.authoring.schema_args import example_value
 from gymflow.data.datasets import DatasetError, ErrorLog, duplicate, iter_tasks
-from gymflow.environments.base import Environment, TaskData, VerifyContext
-from gymflow.kernel.errors import GymflowError, TaskError
+from gymflow.environments.base import Environment, Step, VerifyContext
+from gymflow.environments.registry import entry_point_value, environment_at, get_environment
+from gymflow.kernel.errors import GymflowError, TaskError, VerifierError
+from gymflow.kernel.failures import VERIFIER_TIMEOUT
 from gymflow.kernel.wire import JSON, ChatMessage, FunctionCall, Score, Task, ToolCall, ToolSpec, not_run_message
 
 R = TypeVar("R")
@@ -28,6 +38,7 @@ R = TypeVar("R")
 DEFAULT_TIMEOUT_S = 60.0  # one environment call (code_gen's verify runs programs for tens of seconds)
 DEFAULT_MAX_TURNS = 16
 _MESSAGE_CHARS = 300
+CHECK_PROCESSES = 2  # calls run one at a time; the second is ready when the first is killed
 HOSTILE_REPLY = "\x00" * 8 + "{[(" * 200 + "\\boxed{" + "\ufffd é 🙂 " * 50 + "```python\n" + "\x00" * 8
 
 

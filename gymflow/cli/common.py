@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from gymflow.kernel.config import Settings, load_settings
+from gymflow.kernel.config import Settings, config_path, load_settings
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.logfilter import quiet_expected_failures
 
@@ -19,9 +19,14 @@ config_option = click.option("--config", "-c", "config_path", type=click.Path(di
                              help="gymflow YAML config (default: $GYMFLOW_CONFIG or ./gymflow.yaml)")
 
 
-def settings_or_exit(config_path: str | None) -> Settings:
+def settings_or_exit(path: str | None) -> Settings:
+    """The settings, their environment options checked against each environment's declared ones."""
+    from gymflow.environments.registry import check_options  # imports only the environments configured
+
     try:
-        return load_settings(config_path)
+        settings = load_settings(path)
+        source = str(config_path(path) or "the default settings")
+        return settings.model_copy(update={"environments": check_options(settings.environments, source)})
     except GymflowError as e:
         raise click.ClickException(str(e)) from None
 

@@ -187,12 +187,17 @@ def settings_from_mapping(raw: dict[str, Any], source: str = "<config>", env: di
         raise ConfigError(_format_validation(err, source)) from None
 
 
+def config_path(path: str | Path | None = None, env: dict[str, str] | None = None) -> str | Path | None:
+    """The config file `load_settings` reads: `path`, `$GYMFLOW_CONFIG`, else the first default that exists."""
+    environ = os.environ if env is None else env
+    candidate = path or environ.get("GYMFLOW_CONFIG")
+    return candidate if candidate is not None else next((p for p in DEFAULT_CONFIG_PATHS if Path(p).exists()), None)
+
+
 def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
     """Load settings from `path`, `$GYMFLOW_CONFIG`, or ./gymflow.yaml; defaults when none exists."""
     environ = dict(os.environ) if env is None else env
-    candidate = path or environ.get("GYMFLOW_CONFIG")
-    if candidate is None:
-        candidate = next((p for p in DEFAULT_CONFIG_PATHS if Path(p).exists()), None)
+    candidate = config_path(path, environ)
     if candidate is None:
         return settings_from_mapping({}, "<defaults>", environ)
     p = Path(candidate)
