@@ -11,8 +11,13 @@ tool offered, with the schema's default as the argument, so each episode makes t
 - spin, allocate, print, hang_verify: bench/hostile_env.py (a pure-Python busy loop; 3 GB written; printing
   without end; a verifier blocked in time.sleep), each holding for at most 120 s, so the run ends even where
   nothing stops them.
-Both environments run where gymflow places in-process environments by default (placement local: the workflow
-pool). The stack is bench.stack's (the pools as `gymflow worker` processes with bench/hostile_env.py registered).
+- brackets: issue 32's attack, `--brackets` (default 12) instruction_following rollouts whose reply is
+  `"[" * 99_000` (the mock's `mock: reply [ x99000`) under a placeholder check (once a quadratic regex); verified
+  on the env pool, with `--normal verify` beside normal mcqa and instruction_following rollouts verified there too.
+The others run where gymflow places in-process environments by default (placement local: the workflow pool).
+The stack is bench.stack's (the pools as `gymflow worker` processes with bench/hostile_env.py registered).
+
+    python -m bench.noisy_neighbour --normal verify --hostile brackets --n 60   # issue 32's noisy neighbour
 """
 
 from __future__ import annotations
@@ -37,11 +42,28 @@ from gymflow.kernel.wire import ChatMessage, Task, ToolSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 REGEX = "(.*)*(.*)*Q"
-KINDS = ("regex", "spin", "allocate", "print", "hang_verify")
+KINDS = ("regex", "spin", "allocate", "print", "hang_verify", "brackets")
+DEFAULT_KINDS = KINDS[:5]
+PLACEHOLDERS = {"instruction_id_list": ["detectable_content:number_placeholders"],
+                "kwargs": [{"num_placeholders": 2}], "prompt": "p"}
 WARMUP = 40
 
 
-def hostile_tasks(tag: str, hold_s: float, kinds: tuple[str, ...] = KINDS) -> list[Task]:
+def _kind(task_id: str) -> str:
+    return task_id.rsplit("-hostile-", 1)[1].split("-")[0]
+
+
+def verify_tasks(n: int, tag: str) -> list[Task]:
+    """Normal rollouts verified on the env pool: mcqa and instruction_following in turn."""
+    mcqa = {"options": [{k: f"option {k}"} for k in "ABCD"], "expected_answer": "B"}
+    return [Task(id=f"{tag}-{i}", env="mcqa", messages=(ChatMessage(role="user", content=f"Q{i}?"),), data=mcqa)
+            if i % 2 else Task(id=f"{tag}-{i}", env="instruction_following",
+                               messages=(ChatMessage(role="user", content=f"Write [a] and [b], {i}."),),
+                               data={"verifier_metadata": PLACEHOLDERS}) for i in range(n)]
+
+
+def hostile_tasks(tag: str, hold_s: float, kinds: tuple[str, ...] = DEFAULT_KINDS, brackets: int = 12
+                  ) -> list[Task]:
     directory = ToolSpec(name="company_directory_find_email_address",
                          description="Finds all email addresses containing the given name (case-insensitive).",
                          parameters={"type": "object", "required": ["name"], "additionalProperties": False,
@@ -53,7 +75,10 @@ def hostile_tasks(tag: str, hold_s: float, kinds: tuple[str, ...] = KINDS) -> li
                        ("hang_verify", {"kind": "echo", "hang_verify": True})):
         out.append(Task(id=f"{tag}-hostile-{kind}", env=hostile_env.NAME, data={**data, "hold_s": hold_s},
                         messages=(ChatMessage(role="user", content=f"please {kind}"),)))
-    return [t for t in out if t.id.rsplit("-hostile-", 1)[1] in kinds]
+    out += [Task(id=f"{tag}-hostile-brackets-{i}", env="instruction_following",
+                 data={"verifier_metadata": PLACEHOLDERS},
+                 messages=(ChatMessage(role="user", content="mock: reply [ x99000"),)) for i in range(brackets)]
+    return [t for t in out if _kind(t.id) in kinds]
 
 
 async def _tool_messages(database_url: str, run_id: str) -> dict[str, str]:
@@ -76,11 +101,12 @@ def _pool_logs(bench: BenchStack) -> int:
     return sum(p.stat().st_size for p in bench.work.glob("pool-*.log"))
 
 
-async def one_run(bench: BenchStack, n: int, hostile: bool, hold_s: float, kinds: tuple[str, ...]) -> dict[str, Any]:
+async def one_run(bench: BenchStack, n: int, hostile: bool, hold_s: float, kinds: tuple[str, ...],
+                  normal_kind: str = "single_tool", brackets: int = 12) -> dict[str, Any]:
     client = GymflowClient(bench.client.temporal, bench.settings, bench.database_url)
     run_id = _tag("noisy" if hostile else "alone")
-    normal = tasks_for("single_tool", n, run_id)
-    tasks = [*hostile_tasks(run_id, hold_s, kinds), *normal] if hostile else normal
+    normal = tasks_for("single_tool", n, run_id) if normal_kind == "single_tool" else verify_tasks(n, run_id)
+    tasks = [*hostile_tasks(run_id, hold_s, kinds, brackets), *normal] if hostile else normal
     latencies: dict[str, float] = {}
     done_at: dict[str, float] = {}  # seconds from the run's start (every rollout starts at once) to its result
     outcomes: dict[str, dict[str, Any]] = {}
@@ -138,7 +164,8 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             for hostile in (False, True):
                 print(f"pair {pair}: {args.n} normal rollouts{' + hostile' if hostile else ' alone'}",
                       file=sys.stderr, flush=True)
-                out.append(await one_run(bench, args.n, hostile, args.hold_s, args.hostile) | {"pair": pair})
+                out.append(await one_run(bench, args.n, hostile, args.hold_s, args.hostile, args.normal,
+                                         args.brackets) | {"pair": pair})
     finally:
         await bench.close()
     return out
@@ -189,8 +216,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hold-s", type=float, default=120.0, help="the most any hostile call holds on its own")
     ap.add_argument("--generate", choices=("pool", "local"), default=DEFAULT_PLACEMENT)
     ap.add_argument("--workflow-procs", type=int, default=1)
-    ap.add_argument("--hostile", type=lambda v: tuple(k for k in v.split(",") if k), default=KINDS,
-                    help=f"which hostile rollouts, comma-separated (default all: {','.join(KINDS)})")
+    ap.add_argument("--hostile", type=lambda v: tuple(k for k in v.split(",") if k), default=DEFAULT_KINDS,
+                    help=f"which hostile rollouts, comma-separated, of {','.join(KINDS)} (default: "
+                         f"{','.join(DEFAULT_KINDS)})")
+    ap.add_argument("--normal", choices=("single_tool", "verify"), default="single_tool",
+                    help="the normal rollouts: single-tool episodes, or mcqa / instruction_following verified on "
+                         "the env pool")
+    ap.add_argument("--brackets", type=int, default=12, help="hostile rollouts of the brackets kind")
     ap.add_argument("--env-processes", type=int, help="supervised environment processes per pool process "
                     "(GYMFLOW_ENV_PROCESSES; default: gymflow's, one per core, at least 2)")
     ap.add_argument("--json", type=Path)

@@ -16,6 +16,9 @@ Every request is recorded (arrival and reply-sent times, monotonic and wall cloc
 turn) and served at `GET /stats` (`GET /stats?reset=1` clears them), so a benchmark can measure the
 orchestration overhead between one reply and the next request of the same rollout.
 
+A user message `mock: reply <char> x<count>` is answered with `<char>` repeated `count` times (up to 10,000,000):
+a hostile reply for benchmarks (bench/noisy_neighbour.py) without sending it in the prompt.
+
     python -m gymflow.testing.mock_openai --port 8000 --latency 1.0
 """
 
@@ -165,11 +168,16 @@ def _strip_delimiters(gold: str) -> str:
     return g
 
 
+_REPEAT = re.compile(r"mock: reply (\S) x(\d{1,8})")
+
+
 def respond(body: dict[str, Any], answers: dict[str, str | None] | None = None, right: bool = False) -> Reply:
     """The mock policy: a pure function of the request (and, for a task in `answers`, whether to be `right`)."""
     messages = _messages(body)
     tool = _first_tool(body)
     prompt = first_user_text(body)
+    if (repeat := _REPEAT.fullmatch(prompt.strip())) and int(repeat.group(2)) <= 10_000_000:
+        return text(repeat.group(1) * int(repeat.group(2)))
     known = answers is not None and prompt in answers
     if tool is not None and not any(m.get("role") == "tool" for m in messages):
         name, params = tool
