@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from gymflow.activities.env_processes import Limits
-from gymflow.cli.main import cli
-from gymflow.client import check_collectable
 from gymflow.environments.base import EnvironmentOptions
 from gymflow.environments.registry import available, check_options, get_environment
+
+from gymflow.cli.main import cli
+from gymflow.client import check_collectable
 from gymflow.kernel.config import Settings, load_settings
 from gymflow.kernel.errors import ConfigError
 
