@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gymflow.activities.env_activities import verify_episode
 from gymflow.activities.env_calls import score, tool_result
 from gymflow.activities.env_processes import EnvProcesses, Limits, RemoteError, RemoteTraceback
 from gymflow.authoring.schema_args import example_value
@@ -31,7 +30,17 @@ from gymflow.environments.base import Environment, Step, VerifyContext
 from gymflow.environments.registry import entry_point_value, environment_at, get_environment
 from gymflow.kernel.errors import GymflowError, TaskError, VerifierError
 from gymflow.kernel.failures import VERIFIER_TIMEOUT
-from gymflow.kernel.wire import JSON, ChatMessage, FunctionCall, Score, Task, ToolCall, ToolSpec, not_run_message
+from gymflow.kernel.wire import (
+    JSON,
+    ChatMessage,
+    FunctionCall,
+    Score,
+    Task,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    not_run_message,
+)
 
 R = TypeVar("R")
 
@@ -77,25 +86,130 @@ def _short(text: str) -> str:
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 1] + "…"
 
 
+def _finding(stage: str, e: Exception, timeout_s: float, sync: bool) -> CheckFailed:
+    """This row's error for what environment code raised; `sync`: a plain call, where a TaskError names its field."""
+    if not sync and isinstance(e, TimeoutError):
+        return CheckFailed(f"{stage}: timed out after {timeout_s:g} s")
+    if sync and isinstance(e, TaskError):
+        return CheckFailed(str(e))
+    if not sync and isinstance(e, GymflowError):
+        return CheckFailed(f"{stage}: {e} ({e.failure_type})")
+    what = "" if isinstance(e, RemoteError) else f"{type(e).__name__}: "  # a RemoteError's text names its class
+    return CheckFailed(f"{stage}: crashed: {what}{e}")  # plug-in code: any crash is this row's finding
+
+
 async def _bounded(work: Awaitable[R], stage: str, timeout_s: float) -> R:
     """Await environment code with a timeout; its crashes become this row's error, naming the stage."""
     try:
         return await asyncio.wait_for(work, timeout_s)
-    except TimeoutError:
-        raise CheckFailed(f"{stage}: timed out after {timeout_s:g} s") from None
-    except GymflowError as e:
-        raise CheckFailed(f"{stage}: {e} ({e.failure_type})") from None
-    except Exception as e:  # plug-in code: any crash is this row's finding
-        raise CheckFailed(f"{stage}: crashed: {type(e).__name__}: {e}") from None
+    except Exception as e:
+        raise _finding(stage, e, timeout_s, sync=False) from None
 
 
 def _sync(stage: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
-    except TaskError as e:
-        raise CheckFailed(str(e)) from None
     except Exception as e:
-        raise CheckFailed(f"{stage}: crashed: {type(e).__name__}: {e}") from None
+        raise _finding(stage, e, 0, sync=True) from None
+
+
+# ---- environment code, by stage: module-level, so that it travels to a supervised process by name ----------
+
+
+_child_loop: asyncio.AbstractEventLoop | None = None  # one per supervised process, as its own calls have
+
+
+def _in_child(name: str, value: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """In a supervised process (`EnvProcesses.run`): `fn(env, *args)`, the environment as the worker loads it."""
+    global _child_loop
+    out = fn(environment_at(name, value), *args)
+    if not inspect.iscoroutine(out):
+        return out
+    _child_loop = _child_loop or asyncio.new_event_loop()
+    return _child_loop.run_until_complete(out)
+
+
+def _parse(env: Environment, task: Task) -> None:
+    env.parse_task(task)
+
+
+async def _validate(env: Environment, task: Task) -> Score | None:
+    return await env.validate(task)
+
+
+def _gold_turns(env: Environment, task: Task) -> list[ChatMessage] | None:
+    turns = env.gold_turns(task, env.parse_task(task))
+    return None if turns is None else list(turns)
+
+
+def _tools(env: Environment, task: Task) -> tuple[ToolSpec, ...]:
+    return tuple(env.tools(task, env.parse_task(task)))
+
+
+def _initial_messages(env: Environment, task: Task) -> list[ChatMessage]:
+    return list(env.initial_messages(task, env.parse_task(task)))
+
+
+def _setup(env: Environment, task: Task) -> JSON:
+    return env.setup(task, env.parse_task(task))
+
+
+async def _tool(env: Environment, task: Task, state: JSON, call: ToolCall) -> ToolResult:
+    return await tool_result(env, task, env.parse_task(task), state, call)
+
+
+async def _verify(env: Environment, task: Task, messages: list[ChatMessage], state: JSON, options: JSON) -> Score:
+    return await score(env, env.parse_task(task), messages, state, VerifyContext("scripted", options=options))
+
+
+class _Calls:
+    """Runs one row's environment code: in a supervised process, killed at the timeout, or here where the worker
+    runs that step in its loop (or without `processes`), under `wait_for`."""
+
+    def __init__(self, env: Environment, task: Task, processes: EnvProcesses | None, timeout_s: float) -> None:
+        self.env, self.task, self.processes, self.timeout_s = env, task, processes, timeout_s
+        self.options: JSON = {"setup_timeout_s": timeout_s, "tool_timeout_s": timeout_s,
+                              "verify_timeout_s": timeout_s}
+        self.limits = Limits(tool_s=timeout_s, verify_s=timeout_s, setup_s=timeout_s)
+        self.value = entry_point_value(env.name) if processes is not None else ""
+
+    def isolated(self, step: Step | None) -> bool:
+        """`step` None (validate): isolated unless the environment runs in the loop at all."""
+        if self.processes is None:
+            return False
+        if step is None:
+            return self.env.in_loop_reason is None
+        return not self.env.runs_in_loop(self.task, self.options, step)
+
+    async def __call__(self, stage: str, step: Step | None, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(env, task, *args)`, bounded; whatever ends it early is this row's `CheckFailed`, naming `stage`."""
+        sync = not inspect.iscoroutinefunction(fn)
+        if self.processes is None or not self.isolated(step):
+            if sync:
+                return _sync(stage, fn, self.env, self.task, *args)
+            return await _bounded(fn(self.env, self.task, *args), stage, self.timeout_s)
+        try:
+            return await self.processes.run(_in_child, (self.env.name, self.value, fn, (self.task, *args)),
+                                            self.limits, self.task)
+        except VerifierError as e:
+            if isinstance(e.__cause__, RemoteTraceback):  # the environment's own, raised again here
+                raise _finding(stage, e, self.timeout_s, sync) from None
+            if e.failure_type == VERIFIER_TIMEOUT:  # its process was killed at the limit
+                raise CheckFailed(f"{stage}: timed out after {self.timeout_s:g} s") from None
+            raise CheckFailed(f"{stage}: {str(e).removeprefix(_in_child.__name__ + ' ')}") from None  # memory, died
+        except Exception as e:
+            raise _finding(stage, e, self.timeout_s, sync) from None
+
+    async def verify(self, stage: str, messages: list[ChatMessage], state: JSON) -> Score:
+        if self.isolated("verify"):
+            return await self(stage, "verify", _verify, messages, state, self.options)
+        # As the worker: in the loop, its CPU-bound checks (`run_isolated`) in a supervised process. Imported
+        # here: a supervised process imports this module within a call's limit, and this one pulls in Temporal.
+        from gymflow.activities.env_activities import verify_episode
+
+        ctx = VerifyContext("scripted", options=self.options)
+        return await _bounded(verify_episode(self.env, None, messages, state, ctx, self.task, self.processes), stage,
+                              self.timeout_s)
 
 
 def scripted_turns(tools: Sequence[ToolSpec]) -> list[ChatMessage]:
@@ -109,15 +223,16 @@ def scripted_turns(tools: Sequence[ToolSpec]) -> list[ChatMessage]:
     return turns
 
 
-async def _episode(env: Environment, task: Task, data: TaskData, turns: Sequence[ChatMessage],
-                   timeout_s: float, max_turns: int) -> tuple[list[ChatMessage], JSON, list[str]]:
+async def _episode(calls: _Calls, turns: Sequence[ChatMessage], max_turns: int
+                   ) -> tuple[list[ChatMessage], JSON, list[str]]:
     """Play `turns` as the model; tools run as the workflow runs them. Returns messages, state, tool errors."""
-    state = _sync("setup", env.setup, task, data)
+    task = calls.task
+    state = await calls("setup", "setup", _setup)
     try:
         json.dumps(state)
     except (TypeError, ValueError) as e:
         raise CheckFailed(f"setup: the state is not JSON-serialisable ({e})") from None
-    messages = list(_sync("initial_messages", env.initial_messages, task, data))
+    messages = list(await calls("initial_messages", "setup", _initial_messages))
     tool_errors: list[str] = []
     for turn, reply in enumerate(turns):
         if turn >= min(max_turns, task.max_turns or max_turns):
@@ -130,8 +245,7 @@ async def _episode(env: Environment, task: Task, data: TaskData, turns: Sequence
             if ended_by is not None:
                 messages.append(not_run_message(call, ended_by))
                 continue
-            res = await _bounded(run_tool_call(env, task, data, state, call), f"tool {call.function.name!r}",
-                                 timeout_s)
+            res = await calls(f"tool {call.function.name!r}", "tool", _tool, state, call)
             messages.append(res.message)
             state = res.state
             if res.is_error:
@@ -153,11 +267,13 @@ def _check_reward(score: Score, stage: str) -> float:
 
 
 async def check_task(env: Environment, task: Task, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     max_turns: int = DEFAULT_MAX_TURNS) -> str:
-    """Check one row; returns the summary of a passing row, raises `CheckFailed` otherwise."""
-    data = _sync("parse_task", env.parse_task, task)
+                     max_turns: int = DEFAULT_MAX_TURNS, processes: EnvProcesses | None = None) -> str:
+    """Check one row; returns the summary of a passing row, raises `CheckFailed` otherwise. With `processes`,
+    `env` must be the registry's instance (they load it by its entry point)."""
+    calls = _Calls(env, task, processes, timeout_s)
+    await calls("parse_task", "setup", _parse)
     notes = []
-    gold_score = await _bounded(env.validate(task), "validate", timeout_s)
+    gold_score = await calls("validate", None, _validate)
     if gold_score is None:
         notes.append("no gold answer to validate")
     elif (gold := _check_reward(gold_score, "validate")) != 1.0:
@@ -166,13 +282,11 @@ async def check_task(env: Environment, task: Task, *, timeout_s: float = DEFAULT
     else:
         notes.append("validate 1")
 
-    gold_turns = _sync("gold_turns", env.gold_turns, task, data)
-    tools = _sync("tools", env.tools, task, data)
+    gold_turns = await calls("gold_turns", "setup", _gold_turns)
+    tools = await calls("tools", "setup", _tools)
     turns = list(gold_turns) if gold_turns else scripted_turns(tools)
-    messages, state, tool_errors = await _episode(env, task, data, turns, timeout_s, max_turns)
-    ctx = VerifyContext(policy_model="scripted")
-    score = await _bounded(verify_episode(env, data, messages, state, ctx), "verify", timeout_s)
-    reward = _check_reward(score, "verify")
+    messages, state, tool_errors = await _episode(calls, turns, max_turns)
+    reward = _check_reward(await calls.verify("verify", messages, state), "verify")
     kind = "gold episode" if gold_turns else f"scripted episode ({len(tools)} tools called)" if tools else \
         "scripted episode (no tools)"
     if gold_turns and reward != 1.0:
@@ -181,13 +295,20 @@ async def check_task(env: Environment, task: Task, *, timeout_s: float = DEFAULT
     if tool_errors:  # arguments from a schema may name no real record: reported, not a failure
         notes.append(f"{len(tool_errors)} tool calls answered an error (first: {tool_errors[0]})")
 
-    hostile = [*_sync("initial_messages", env.initial_messages, task, data),
+    hostile = [*await calls("initial_messages", "setup", _initial_messages),
                ChatMessage(role="assistant", content=HOSTILE_REPLY)]
-    state = _sync("setup", env.setup, task, data)
-    hostile_score = await _bounded(verify_episode(env, data, hostile, state, ctx), "verify (hostile reply)",
-                                   timeout_s)
+    state = await calls("setup", "setup", _setup)
+    hostile_score = await calls.verify("verify (hostile reply)", hostile, state)
     _check_reward(hostile_score, "verify of a hostile reply (it must be scored, not masked)")
     return "; ".join(notes)
+
+
+def _installed(env: Environment) -> bool:
+    """The registry's own instance: a supervised process builds the same one from its entry point."""
+    try:
+        return get_environment(env.name) is env
+    except Exception:  # not installed (a test's instance): checked in-process
+        return False
 
 
 async def check_file(env: Environment, path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -196,15 +317,22 @@ async def check_file(env: Environment, path: str | Path, *, timeout_s: float = D
     report = CheckReport(str(path))
     errors = ErrorLog(str(path))
     seen: dict[str, int] = {}
-    for row, task in iter_tasks(path, env=env.name, errors=errors):
-        if problem := duplicate(seen, task.id, row.line):
-            errors.add(DatasetError(str(path), row.line, problem))
-            continue
-        try:
-            summary = await check_task(env, task, timeout_s=timeout_s, max_turns=max_turns)
-        except CheckFailed as e:
-            report.results.append(LineResult(row.line, False, _short(str(e))))
-        else:
-            report.results.append(LineResult(row.line, True, _short(summary)))
+    processes = EnvProcesses(CHECK_PROCESSES) if _installed(env) else None
+    try:
+        if processes is not None:
+            processes.start()
+        for row, task in iter_tasks(path, env=env.name, errors=errors):
+            if problem := duplicate(seen, task.id, row.line):
+                errors.add(DatasetError(str(path), row.line, problem))
+                continue
+            try:
+                summary = await check_task(env, task, timeout_s=timeout_s, max_turns=max_turns, processes=processes)
+            except CheckFailed as e:
+                report.results.append(LineResult(row.line, False, _short(str(e))))
+            else:
+                report.results.append(LineResult(row.line, True, _short(summary)))
+    finally:
+        if processes is not None:
+            await processes.close()
     report.results += [LineResult(e.line, False, e.message) for e in errors.errors]
     return report
