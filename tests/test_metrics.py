@@ -169,13 +169,15 @@ async def _probe(x: str) -> str:
 class _ProbeWorkflow:
     @workflow.run
     async def run(self, x: str) -> str:
+        # A local activity too: the SDK's counter of those is named `temporal_local_activity_total` already.
+        await workflow.execute_local_activity(_probe, x, start_to_close_timeout=timedelta(seconds=10))
         return await workflow.execute_activity(_probe, x, start_to_close_timeout=timedelta(seconds=10))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def probe_scrape(stack) -> str:
-    """A scrape of `metrics.serve` (what `gymflow worker --metrics` runs) after a workflow and an activity ran
-    under it, so the SDK's workflow- and activity-task families are there beside gymflow's."""
+    """A scrape of `metrics.serve` (what `gymflow worker --metrics` runs) after a workflow, a local activity and an
+    activity ran under it, so the SDK's workflow- and activity-task families are there beside gymflow's."""
     port = free_port()
     runtime = metrics.serve(f"127.0.0.1:{port}")
     client = await Client.connect(stack.temporal_address, runtime=runtime)
@@ -190,11 +192,25 @@ async def test_one_endpoint_serves_rollout_and_sdk_metrics(probe_scrape):
     assert {"gymflow_rollouts_finished_total", "gymflow_generation_latency_seconds_bucket",
             "temporal_workflow_task_schedule_to_start_latency_bucket",
             "temporal_activity_schedule_to_start_latency_bucket", "temporal_num_pollers",
-            "temporal_request_total"} <= exported_names(probe_scrape)
+            "temporal_request_total", "temporal_local_activity_total"} <= exported_names(probe_scrape)
     samples = parse(probe_scrape)
     assert value(samples, "temporal_num_pollers", task_queue="PROBE") > 0
     # durations are seconds: a task picked up at once waited well under a second
     assert 0 < value(samples, "temporal_activity_schedule_to_start_latency_sum", task_queue="PROBE") < 5
+
+
+async def test_sdk_counters_end_in_one_total(probe_scrape):
+    """Every counter's series ends in `_total` once: the SDK's `temporal_local_activity_total` is served as that,
+    not `temporal_local_activity_total_total` (the exporter's counters_total_suffix doubles it)."""
+    counters = {f.name: {s.name for s in f.samples} for f in text_string_to_metric_families(probe_scrape)
+                if f.type == "counter" and f.name.startswith("temporal_")}
+    assert {"temporal_request", "temporal_local_activity"} <= set(counters), sorted(counters)
+    for family, names in counters.items():
+        assert names == {f"{family}_total"}, f"{family}: {sorted(names)}"
+    assert "_total_total" not in probe_scrape
+    samples = parse(probe_scrape)
+    assert value(samples, "temporal_local_activity_total", task_queue="PROBE") >= 1
+    assert value(samples, "temporal_request_total") > 0
 
 
 def _alert_exprs() -> dict[str, str]:

@@ -74,10 +74,16 @@ def _loopback_port() -> int:
 
 def serve(bind: str) -> Runtime:
     """Serve rollout and SDK metrics at http://BIND/metrics; returns the Runtime the worker's client must use.
-    The SDK's counters get `_total` and its durations are seconds, as Prometheus conventions ask."""
+    The SDK's counters end in one `_total` and its durations are seconds, as Prometheus conventions ask.
+
+    The `_total` is not the exporter's `counters_total_suffix`: that appends it to every counter, so those
+    the SDK already names `..._total` (`temporal_local_activity_total`) came out `..._total_total`. The SDK
+    exports its own names, and prometheus_client's parser (SdkMetrics) gives each counter family the
+    OpenMetrics form, whose samples end in exactly one `_total`: `temporal_request` is served as
+    `temporal_request_total`, `temporal_local_activity_total` as itself (tests/test_metrics.py checks both)."""
     start_server(bind)
     sdk_bind = f"127.0.0.1:{_loopback_port()}"
     runtime = Runtime(telemetry=TelemetryConfig(logging=worker_logging(), metrics=PrometheusConfig(
-        bind_address=sdk_bind, counters_total_suffix=True, durations_as_seconds=True)))
+        bind_address=sdk_bind, counters_total_suffix=False, durations_as_seconds=True)))
     REGISTRY.register(SdkMetrics(f"http://{sdk_bind}/metrics"))
     return runtime
