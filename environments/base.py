@@ -114,6 +114,9 @@ class Environment(ABC, Generic[T]):
     # True for an adapter whose rows may carry any other environment's fields (nemo_gym): routing then never
     # tells such a row it fits another environment better.
     accepts_any_row: ClassVar[bool] = False
+    # What a run needs beyond gymflow itself (a binary, a judge model, data, a server), one short phrase each:
+    # `gymflow env list` shows them, so a newcomer knows before a rollout fails.
+    needs: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def placement_for(cls, options: JSON) -> Placement:

@@ -149,6 +149,7 @@ class CodeGenEnvironment(Environment[CodeGenTask]):
 
     name = "code_gen"
     task_type = CodeGenTask
+    needs = ("bubblewrap (`bwrap`) for its sandbox",)
     in_loop_reason = "its work is async I/O to bubblewrap sandboxes, which bound each program's time and memory"
     row_fields = ("hash_id", "dataset", "source", "metadata", "result", "extracted_model_code",
                   "extracted_model_output")  # NeMo Gym's task and rollout rows (routing, environments/base.py)

@@ -188,6 +188,7 @@ class EquivalenceLLMJudgeEnvironment(Environment[EquivalenceLLMJudgeTask]):
     name = "equivalence_llm_judge"
     task_type = EquivalenceLLMJudgeTask
     Options = EquivalenceOptions
+    needs = ("a judge model (environments.equivalence_llm_judge.judge_model)",)
     in_loop_reason = "its verdict is a judge model's (async `ctx.chat`); its regexes run with a timeout (`regex`)"
     row_fields = ("question", "uuid", "options", "reward_profiles", "judge_evaluations")  # NeMo Gym: unread here
 

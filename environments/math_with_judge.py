@@ -211,6 +211,7 @@ class MathWithJudgeEnvironment(Environment[MathWithJudgeTask]):
     name = "math_with_judge"
     task_type = MathWithJudgeTask
     Options = MathWithJudgeOptions
+    needs = ("optional: a judge model (environments.math_with_judge.judge_model)",)
     placement = "local"  # math-verify in the workflow pool's supervised processes; a judge moves it to the env pool
 
     @classmethod

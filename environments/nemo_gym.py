@@ -86,6 +86,7 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
     name = "nemo_gym"
     task_type = NemoGymTask
     Options = NemoGymOptions
+    needs = ("a NeMo Gym resources server (environments.nemo_gym.servers)",)
     in_loop_reason = "its work is async HTTP to NeMo Gym's resources servers, processes of their own"
 
     # A nemo_gym row is any NeMo Gym row plus `resources_server`: routing must not send a math row here to

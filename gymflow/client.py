@@ -38,7 +38,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
 
 from gymflow.kernel import failures, names
-from gymflow.kernel.config import Settings
+from gymflow.kernel.config import Settings, unconfigured_model
 from gymflow.kernel.connect import (
     TemporalUnreachable,
     connect_temporal,
@@ -167,7 +167,7 @@ def check_collectable(settings: Settings, envs: Iterable[str], model: str, run_i
         problems.append(f"unknown environment{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
                         f"(installed: {', '.join(installed) or 'none'}; see `gymflow env list`)")
     if model not in settings.models:
-        problems.append(f"model {model!r} is not configured (models: {', '.join(sorted(settings.models)) or 'none'})")
+        problems.append(unconfigured_model(model, settings.models))
     if problems:
         raise ConfigError("; ".join(problems) + "; nothing was started")
 

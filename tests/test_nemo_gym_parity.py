@@ -50,7 +50,8 @@ SLOW_SYMPY_TRIES = 3
 def _probe() -> tuple[Path | None, str]:
     """The installed `resources_servers` folder, or why there is none."""
     if not Path(PYTHON).exists():
-        return None, f"no NeMo Gym python at {PYTHON} (set GYMFLOW_NEMO_GYM_PYTHON; README, tests)"
+        return None, (f"no NeMo Gym python at {PYTHON}: run .ci/run, which creates it, or set GYMFLOW_NEMO_GYM_PYTHON "
+                      "to a Python 3.13 with nemo-gym==0.7.0 and math-verify==0.8.0 (README.md, under `.ci/run`)")
     code = ("import importlib, pathlib, resources_servers as r\n"
             f"[importlib.import_module(f'resources_servers.{{n}}.app') for n in {list(SERVERS)!r}]\n"
             "print(pathlib.Path(list(r.__path__)[0]))")

@@ -67,8 +67,8 @@ def test_refusals_name_the_line(loader):
     assert error("day: 2001-02-30\n") == "conf.yaml, line 1, column 6: day is out of range for month"
     assert error("a: [1, 2\nb: 3\n").startswith("conf.yaml, line 2, column 2: not valid YAML (while parsing a flow")
     assert error("a: 1\n---\nb: 2\n").startswith("conf.yaml, line 2, column 1: not valid YAML (expected a single")
-    assert error("a: \x07\n").startswith("conf.yaml, position 3: not valid YAML (character #x0007:")
-    assert error(b"a: \xff\n").startswith("conf.yaml, position 3: not valid YAML (character #x00ff:")
+    assert error("a: \x07\n").startswith("conf.yaml, line 1, column 4: not valid YAML (character #x0007:")
+    assert error(b"a: \xff\n").startswith("conf.yaml, line 1, column 4: not valid YAML (character #x00ff:")
 
 
 @pytest.mark.parametrize("loader", LOADERS)

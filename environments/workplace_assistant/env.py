@@ -85,6 +85,7 @@ class WorkplaceAssistantEnvironment(Environment[WorkplaceTask]):
     name = "workplace_assistant"
     task_type = WorkplaceTask
     row_fields = ("category", "environment_name")  # NeMo Gym's rows carry them (routing, environments/base.py)
+    needs = ("NeMo Gym's workplace_assistant data ($GYMFLOW_WORKPLACE_DATA)",)
     placement = "local"  # in-process and cheap: runs inside the workflow pool
 
     def setup(self, task: Task, data: WorkplaceTask) -> JSON:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
 from gymflow.cli.progress import Tally, progress_bar, summary_table
 from gymflow.client import GymflowClient, check_collectable
-from gymflow.data.datasets import load_jsonl
+from gymflow.data.datasets import grouped, load_jsonl
 from gymflow.kernel.config import Settings
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.names import generate_queue
@@ -32,8 +32,8 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
                           console: Console | None = None) -> Tally:
     console = console or Console()
     tasks, errors = load_jsonl(dataset, env=env)
-    for err in errors:
-        console.print(f"[red]skipped[/red] {escape(str(err))}", highlight=False)
+    for line in grouped(errors):  # one line per kind of mistake, not one per row
+        console.print(f"[red]skipped[/red] {escape(line)}", highlight=False)
     if not tasks:
         raise click.ClickException(f"{dataset}: no valid rows")
     try:  # before connecting: nothing is started and no run row is written for a typo

@@ -30,6 +30,7 @@ def _stats(values: list[float]) -> str:
               help="Where the valid rows go (default: <file stem>.<env>.jsonl in the current directory).")
 def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
     """Validate FILE (JSONL; NeMo Gym rows load unchanged) for ENV and write the rows that pass."""
+    from gymflow.data.datasets import grouped
     from gymflow.data.prepare import prepare
 
     target = Path(out or f"{Path(file).stem}.{env_name}.jsonl")
@@ -40,8 +41,8 @@ def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
     except OSError as e:  # the output's folder is missing, or --out is a folder
         raise click.ClickException(f"{target}: {e.strerror or e}") from None
     console = Console()
-    for err in report.errors:
-        console.print(f"[red]error[/red] {escape(str(err))}")  # row values are in messages: never markup
+    for line in grouped(report.errors):
+        console.print(f"[red]error[/red] {escape(line)}")  # row values are in messages: never markup
     table = Table("field", "rows", "types", "size (len or value)",
                   title=escape(f"{report.written} rows -> {target}"))
     for key, st in sorted(report.fields.items()):
@@ -63,6 +64,7 @@ def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
 def join_cmd(rollouts: str, tasks: str, out: str) -> None:
     """Add each recorded rollout's task fields (matched by conversation) so it can be replayed and scored.
     Bad lines of either file are reported and skipped; the exit status is then 1."""
+    from gymflow.data.datasets import grouped
     from gymflow.data.prepare import join
 
     try:
@@ -71,8 +73,8 @@ def join_cmd(rollouts: str, tasks: str, out: str) -> None:
         raise click.ClickException(str(e)) from None
     except OSError as e:
         raise click.ClickException(f"{out}: {e.strerror or e}") from None
-    for err in report.errors:
-        click.echo(f"error {err}", err=True)
+    for text in grouped(report.errors):
+        click.echo(f"error {text}", err=True)
     for line in report.unmatched:
         click.echo(f"{rollouts}:{line}: no task in {tasks} has this conversation", err=True)
     joined = report.written - len(report.unmatched)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gymflow.kernel.errors import GymflowError
@@ -17,14 +18,27 @@ def env() -> None:
     """Environment plug-ins."""
 
 
+def describe(target: str) -> tuple[str, str]:
+    """(placement, what it needs) from the environment class's declarations, imported but not built."""
+    from importlib.metadata import EntryPoint
+
+    try:
+        cls = EntryPoint(name="", value=target, group="").load()
+    except Exception as e:  # a plug-in whose own imports fail is still listed, with why
+        return "?", f"cannot import {target}: {type(e).__name__}: {e}"
+    return str(getattr(cls, "placement", "?")), "; ".join(getattr(cls, "needs", ())) or "-"
+
+
 @env.command("list")
-def list_envs() -> None:
-    """List installed environments (entry-point group `gymflow.environments`)."""
+@click.option("--paths", is_flag=True, help="Also show each implementation's `module:object`.")
+def list_envs(paths: bool) -> None:
+    """List installed environments (entry-point group `gymflow.environments`): where each runs (placement) and
+    what it needs beyond gymflow (a sandbox binary, a judge model, data, a server)."""
     from gymflow.environments.registry import available
 
-    table = Table("name", "implementation")
+    table = Table("name", "placement", "needs", *(["implementation"] if paths else []))
     for name, target in available().items():
-        table.add_row(name, target)
+        table.add_row(name, *map(escape, describe(target)), *([escape(target)] if paths else []))
     Console().print(table)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -81,6 +81,34 @@ class ErrorLog:
         hidden = self.count - len(self._kept)
         more = [DatasetError(self.path, 0, f"{hidden} more bad lines not listed")] if hidden else []
         return self._kept + more
+
+
+def grouped(errors: Iterable[DatasetError], show: int = 5) -> list[str]:
+    """The errors to print, one line per distinct problem in a file: many rows with the same mistake are one
+    `file: N rows: message (lines 1, 2, 3, …)`, not N copies. Errors about a whole file stay as they are."""
+    lines: dict[tuple[str, str], list[int]] = {}
+    order: list[DatasetError | tuple[str, str]] = []
+    for err in errors:
+        key = (err.path, err.message)
+        if err.line == 0:
+            order.append(err)
+        elif key in lines:
+            lines[key].append(err.line)
+        else:
+            lines[key] = [err.line]
+            order.append(key)
+    out = []
+    for item in order:
+        if isinstance(item, DatasetError):
+            out.append(str(item))
+            continue
+        (path, message), found = item, lines[item]
+        if len(found) == 1:
+            out.append(f"{path}:{found[0]}: {message}")
+            continue
+        more = f", … ({len(found) - show} more)" if len(found) > show else ""
+        out.append(f"{path}: {len(found)} rows: {message} (lines {', '.join(map(str, found[:show]))}{more})")
+    return out
 
 
 @dataclass(frozen=True)

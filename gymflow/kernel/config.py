@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -139,8 +140,16 @@ class Settings(_Section):
         try:
             return self.models[name]
         except KeyError:
-            known = ", ".join(sorted(self.models)) or "none"
-            raise ConfigError(f"model {name!r} is not configured (models: {known})") from None
+            raise ConfigError(unconfigured_model(name, self.models)) from None
+
+
+def unconfigured_model(name: str, models: Iterable[str]) -> str:
+    """That model `name` is not configured, and how to configure one (a newcomer has no gymflow.yaml yet)."""
+    known = ", ".join(sorted(models))
+    if known:
+        return f"model {name!r} is not configured (models: {known}); add models.{name} to the config or use one"
+    return (f"model {name!r} is not configured (models: none); copy gymflow.example.yaml to gymflow.yaml and set "
+            f"models.{name}, or run `gymflow demo`, which serves a local model")
 
 
 def interpolate(value: Any, env: dict[str, str], path: str = "") -> Any:

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import ssl
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from gymflow.kernel import backoff
 from gymflow.kernel.config import Settings, TemporalTLSConfig
 from gymflow.kernel.errors import ConfigError, GymflowError
+from gymflow.kernel.logfilter import CoreLogFilter
 
 STACK_FILE = "stack.json"
 log = logging.getLogger(__name__)
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 # key for it yet, so the environment sets it; every wait is bounded by it.
 STARTUP_WAIT_ENV = "GYMFLOW_STARTUP_WAIT_S"
 DEFAULT_STARTUP_WAIT_S = 300.0
+INTERACTIVE_STARTUP_WAIT_S = 30.0  # a person at a terminal wants the fix, not five minutes of retries
+TEMPORAL_FIX = "start it with `gymflow up`, or set temporal.address or $TEMPORAL_ADDRESS"
 
 
 class TemporalUnreachable(GymflowError):
@@ -55,9 +59,19 @@ def seconds_from_env(name: str, default: float, environ: dict[str, str] | None =
         raise ConfigError(f"{name}={raw!r}: expected seconds, e.g. {default:g}") from None
 
 
-def startup_wait_s(environ: dict[str, str] | None = None) -> float:
-    """The startup bound from $GYMFLOW_STARTUP_WAIT_S (default 300 s)."""
-    return seconds_from_env(STARTUP_WAIT_ENV, DEFAULT_STARTUP_WAIT_S, environ)
+def _at_terminal() -> bool:
+    try:
+        return bool(sys.stdin and sys.stdin.isatty() and sys.stderr and sys.stderr.isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+def startup_wait_s(environ: dict[str, str] | None = None, *, interactive: bool | None = None) -> float:
+    """The startup bound from $GYMFLOW_STARTUP_WAIT_S; unset, 300 s, or 30 s when `interactive` (default: stdin
+    and stderr are terminals)."""
+    interactive = _at_terminal() if interactive is None else interactive
+    default = INTERACTIVE_STARTUP_WAIT_S if interactive else DEFAULT_STARTUP_WAIT_S
+    return seconds_from_env(STARTUP_WAIT_ENV, default, environ)
 
 
 def stack_file(settings: Settings) -> Path:
@@ -92,18 +106,13 @@ CORE_LOGGER = "temporalio.core"
 _EXPECTED_CORE_WARNINGS = ("TMPRL1104",)
 
 
-class _ExpectedCoreWarnings(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        return not any(code in text for code in _EXPECTED_CORE_WARNINGS)
-
-
 def worker_logging() -> LoggingConfig:
     """The SDK core's logs (WARN and up) through Python logging, as the worker's own lines are: no raw colour
-    codes in a log file, and without the warnings the episode shape makes expected (see above)."""
+    codes in a log file, without the warnings the episode shape makes expected (see above), and each other
+    TMPRL code at most once a minute."""
     logger = logging.getLogger(CORE_LOGGER)
-    if not any(isinstance(f, _ExpectedCoreWarnings) for f in logger.filters):
-        logger.addFilter(_ExpectedCoreWarnings())
+    if not any(isinstance(f, CoreLogFilter) for f in logger.filters):
+        logger.addFilter(CoreLogFilter(_EXPECTED_CORE_WARNINGS))
     return LoggingConfig(filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
                          forwarding=LogForwardingConfig(logger=logger))
 
@@ -242,7 +251,9 @@ async def connect_temporal(address: str, namespace: str = "default", wait_s: flo
         nonlocal last_note
         waited = rs.seconds_since_start
         if waited >= 2.0 and waited - last_note >= 5.0:  # a server that is just starting is not news
-            notify(f"Temporal at {address} unreachable, retrying (since {waited:.0f} s)")
+            # The first notice says how to fix it: the last one comes only when the wait ends.
+            fix = f" for up to {wait_s:.0f} s; {TEMPORAL_FIX}" if last_note < 0 else ""
+            notify(f"Temporal at {address} unreachable, retrying (since {waited:.0f} s){fix}")
             last_note = waited
 
     async def attempt() -> Client:
@@ -275,7 +286,7 @@ async def connect_temporal(address: str, namespace: str = "default", wait_s: flo
             ) from None
         hint = "; if it expects TLS, set temporal.tls" if opts.tls is False else ""
         raise TemporalUnreachable(f"Temporal at {address} unreachable for {time.monotonic() - started:.0f} s, gave up "
-                                  f"({_first_line(err)}); start it or fix TEMPORAL_ADDRESS{hint}") from None
+                                  f"({_first_line(err)}); {TEMPORAL_FIX}{hint}") from None
 
 
 TLS_PROBE_TIMEOUT_S = 3.0

@@ -1,4 +1,4 @@
-"""One log line, not a traceback, for each expected, typed activity failure.
+"""One log line, not a traceback, for each expected, typed activity failure; the SDK core's logs made readable.
 
 The Temporal SDK logs every failed activity attempt as "Completing activity as failed" at WARNING with
 the traceback (logger `temporalio.activity`). For a failure gymflow raised on purpose, classified into
@@ -12,6 +12,11 @@ ApplicationError (a bug in gymflow, which is what tracebacks are for).
 from __future__ import annotations
 
 import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from temporalio.exceptions import ApplicationError
@@ -52,3 +57,39 @@ def quiet_expected_failures() -> None:
     logger = logging.getLogger(ACTIVITY_LOGGER)
     if not any(isinstance(f, ExpectedFailureFilter) for f in logger.filters):
         logger.addFilter(ExpectedFailureFilter())
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_CORE_CODE = re.compile(r"TMPRL\d{4}")
+
+
+class CoreLogFilter(logging.Filter):
+    """For the SDK core's forwarded records: colour codes stripped (they are raw bytes in a log file), the
+    `expected` codes dropped, and each other TMPRL code shown at most once per `every_s` (under load the core
+    repeats one warning per workflow task), the next one saying how many were held back."""
+
+    def __init__(self, expected: Iterable[str] = (), every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.expected, self.every_s, self.clock = frozenset(expected), every_s, clock
+        self._shown: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()  # the core's logs arrive on the SDK's thread, ours on the loop's
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = _ANSI.sub("", record.getMessage())
+        found = _CORE_CODE.search(text)
+        code = found.group() if found else None
+        if code in self.expected:
+            return False
+        if code is not None:
+            with self._lock:
+                now = self.clock()
+                if now - self._shown.get(code, -math.inf) < self.every_s:
+                    self._held[code] = self._held.get(code, 0) + 1
+                    return False
+                self._shown[code] = now
+                if held := self._held.pop(code, 0):
+                    text += f" ({held} more {code} since the last one, not shown)"
+        record.msg, record.args = text, ()
+        return True

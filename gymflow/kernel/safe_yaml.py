@@ -94,6 +94,21 @@ else:  # pragma: no cover - PyYAML built without libyaml
     _Loader = _PyLoader
 
 
+def _line_column(stream: io.IOBase, offset: int, *, chars: bool) -> str:
+    """`line L, column C` of a reader error's offset, which counts characters of the decoded text (PyYAML's
+    printable check) or bytes of UTF-8 (a decoding error, and every libyaml one)."""
+    data = stream.getvalue() if isinstance(stream, (io.BytesIO, io.StringIO)) else None
+    if data is None:
+        return f"position {offset}"
+    if chars:
+        text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+        head = text[:offset]
+    else:
+        raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+        head = raw[:offset].decode("utf-8", "replace")
+    return f"line {head.count(chr(10)) + 1}, column {len(head) - head.rfind(chr(10))}"
+
+
 def _load(stream: io.IOBase, loader: type) -> Any:
     ldr = None
     try:
@@ -102,9 +117,10 @@ def _load(stream: io.IOBase, loader: type) -> Any:
     except yaml.MarkedYAMLError as e:
         what = f"{e.context}: {e.problem}" if e.context else e.problem
         raise YAMLFileError(f"{_where(e.problem_mark or e.context_mark)}: not valid YAML ({what})") from None
-    except yaml.reader.ReaderError as e:  # bad encoding or a control character: a position, no line
+    except yaml.reader.ReaderError as e:  # bad encoding or a control character: an offset, no line
         char = f"character #x{e.character:04x}: " if isinstance(e.character, int) and e.character >= 0 else ""
-        raise YAMLFileError(f"{e.name}, position {e.position}: not valid YAML ({char}{e.reason})") from None
+        where = _line_column(stream, e.position, chars=e.encoding == "unicode")
+        raise YAMLFileError(f"{e.name}, {where}: not valid YAML ({char}{e.reason})") from None
     except yaml.YAMLError as e:
         raise YAMLFileError(f"{getattr(stream, 'name', '<yaml>')}: not valid YAML ({e})") from None
     finally:
