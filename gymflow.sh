@@ -32,6 +32,8 @@ install() {
   printf '%s\n%s\n' "$key" "$extras" > "$stamp"
 }
 
+# As if activated: tests and the demo start `gymflow`, `temporal` and friends by name.
+export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
 cmd=${1:-demo}
 [ $# -gt 0 ] && shift
 case "$cmd" in
