@@ -109,7 +109,7 @@ def test_bench_report_and_compare_read_results():
 
 def test_side_by_side_table_and_noisy_report():
     from bench.nemo_gym_side_by_side import table
-    from bench.noisy_neighbour import KINDS, hostile_tasks, report
+    from bench.noisy_neighbour import DEFAULT_KINDS, hostile_tasks, report
 
     g = {"system": "gymflow", "pair": 1, "generate": "local", "workflow_procs": 1, "rollouts_per_s": 40.0,
          "cpu_s_per_1000_total": 36.0, "transitions_per_rollout": 3.0, "p50_latency_s": 10.0, "p95_latency_s": 20.0,
@@ -122,7 +122,9 @@ def test_side_by_side_table_and_noisy_report():
 
     tasks = hostile_tasks("t", 5.0)
     assert [t.id.rsplit("-", 1)[1] for t in tasks][1:] == ["spin", "allocate", "print", "hang_verify"]
-    assert len(tasks) == len(KINDS) and tasks[0].env == "workplace_assistant"
+    assert len(tasks) == len(DEFAULT_KINDS) and tasks[0].env == "workplace_assistant"
+    brackets = hostile_tasks("t", 5.0, ("brackets",), brackets=3)
+    assert [t.env for t in brackets] == ["instruction_following"] * 3 and len({t.id for t in brackets}) == 3
     assert tasks[0].tools[0].parameters["properties"]["name"]["default"] == "(.*)*(.*)*Q"
     assert [t.id for t in hostile_tasks("t", 5.0, ("spin",))] == ["t-hostile-spin"]
     run = {"n_normal": 2, "wall_s": 1.0, "normal_done_s": 1.0, "normal_p50_s": 1.0, "normal_max_s": 2.0,

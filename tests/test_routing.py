@@ -86,7 +86,8 @@ def test_prepare_on_raw_rollouts_says_join_first(tmp_path: Path) -> None:
                                        "--out", str(tmp_path / "o.jsonl")])
     assert result.exit_code == 1
     output = " ".join(result.output.split())  # rich wraps long lines
-    assert output.count("gymflow data join") == 5 and "question: Field required" in output
+    # one line for the five rows with the same mistake
+    assert output.count("gymflow data join") == 1 and "5 rows: question: Field required" in output
     # once joined, the same rows prepare cleanly
     joined = tmp_path / "joined.jsonl"
     CliRunner().invoke(data, ["join", str(rollouts), "--tasks", str(SHARED / "math_with_judge" / "example.jsonl"),
