@@ -87,6 +87,7 @@ def test_every_installed_environment_declares_the_platform_options():
 def test_the_example_config_options_load():
     settings = load_settings(ROOT / "gymflow.example.yaml", env={})
     assert check_options(settings.environments, "gymflow.example.yaml")
+    assert settings.rollout.sampling.max_tokens  # a reply without a bound holds up a local model's whole batch
 
 
 def test_the_cli_refuses_a_config_with_a_typo_before_connecting(tmp_path):
