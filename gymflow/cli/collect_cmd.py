@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from contextlib import aclosing
 from pathlib import Path
 
@@ -112,7 +113,30 @@ def collect(dataset: str, env_name: str | None, model: str, n: int, run_id: str 
         except ValidationError as e:
             raise click.BadParameter(e.errors()[0]["msg"], param_hint="--temperature/--max-tokens") from None
     rid = run_id or default_run_id(dataset, env_name, model, n)
-    tally = run(collect_dataset(settings, dataset, env=env_name, model=model, n=n, run_id=rid, sampling=sampling,
-                                max_turns=max_turns, retry_failed=retry_failed, max_in_flight=max_in_flight))
+    again = rerun_command(dataset, env_name, model, n, rid, config_path)
+    try:
+        tally = run(collect_dataset(settings, dataset, env=env_name, model=model, n=n, run_id=rid, sampling=sampling,
+                                    max_turns=max_turns, retry_failed=retry_failed, max_in_flight=max_in_flight))
+    except KeyboardInterrupt:  # the rollouts are Temporal's, not this process's: say so instead of "Aborted!"
+        click.echo(f"\nstopped waiting; the rollouts of run {rid!r} keep running in Temporal. "
+                   f"Rerun to re-attach: {again}", err=True)
+        raise SystemExit(130) from None
     if tally.failed:
+        for line in retry_hint(tally.failed, rid, again, config_path):
+            click.echo(line, err=True)
         raise SystemExit(1)
+
+
+def rerun_command(dataset: str, env: str | None, model: str, n: int, run_id: str, config: str | None) -> str:
+    """The command that re-attaches to this run (the same run id, hence the same rollouts)."""
+    args = ["gymflow", "collect", dataset, *(["--env", env] if env else []), "--model", model, "-n", str(n),
+            "--run-id", run_id, *(["--config", config] if config else [])]
+    return shlex.join(args)
+
+
+def retry_hint(failed: int, run_id: str, again: str, config: str | None = None) -> list[str]:
+    """What to run after failures: a rerun shows the same failures again unless told to retry them."""
+    resume = shlex.join(["gymflow", "resume", run_id, *(["--config", config] if config else [])])
+    return [f"{failed} rollout{'s' if failed != 1 else ''} failed; to run them again (after fixing the cause):",
+            f"  {again} --retry-failed      # from the start",
+            f"  {resume}      # from the last step each one stored"]
