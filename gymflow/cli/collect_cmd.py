@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
+from gymflow.cli.probe import probe_models
 from gymflow.cli.progress import Tally, progress_bar, summary_table
 from gymflow.client import GymflowClient, check_collectable
 from gymflow.data.datasets import grouped, load_jsonl
@@ -30,7 +31,7 @@ def default_run_id(dataset: str, env: str | None, model: str, n: int) -> str:
 async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, model: str, n: int, run_id: str,
                           sampling: SamplingParams | None = None, max_turns: int | None = None,
                           retry_failed: bool = False, max_in_flight: int = 1000,
-                          console: Console | None = None) -> Tally:
+                          console: Console | None = None, probe: bool = True) -> Tally:
     console = console or Console()
     tasks, errors = load_jsonl(dataset, env=env)
     for line in grouped(errors):  # one line per kind of mistake, not one per row
@@ -41,6 +42,8 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
         check_collectable(settings, {t.env for t in tasks}, model, run_id)
     except GymflowError as e:
         raise click.ClickException(str(e)) from None
+    if probe and (problems := await probe_models(settings, [model])):  # a dead endpoint fails every rollout
+        raise click.ClickException("; ".join(problems) + "; nothing was started (--no-probe starts anyway)")
 
     def notice(message: str) -> None:
         console.print(f"[yellow]{escape(message)}[/yellow]", highlight=False)
@@ -94,10 +97,11 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
 @click.option("--max-tokens", type=int, default=None)
 @click.option("--retry-failed", is_flag=True, help="Run again the rollouts of this run that failed.")
 @click.option("--max-in-flight", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--no-probe", is_flag=True, help="Start even if the model endpoint does not answer its probe.")
 @config_option
 def collect(dataset: str, env_name: str | None, model: str, n: int, run_id: str | None, max_turns: int | None,
             temperature: float | None, max_tokens: int | None, retry_failed: bool, max_in_flight: int,
-            config_path: str | None) -> None:
+            no_probe: bool, config_path: str | None) -> None:
     """Collect rollouts for every task in DATASET (JSONL, NeMo Gym rows load unchanged).
 
     Rows that do not load are reported by line and skipped. If Temporal restarts mid-run, collect waits for
@@ -116,7 +120,8 @@ def collect(dataset: str, env_name: str | None, model: str, n: int, run_id: str 
     again = rerun_command(dataset, env_name, model, n, rid, config_path)
     try:
         tally = run(collect_dataset(settings, dataset, env=env_name, model=model, n=n, run_id=rid, sampling=sampling,
-                                    max_turns=max_turns, retry_failed=retry_failed, max_in_flight=max_in_flight))
+                                    max_turns=max_turns, retry_failed=retry_failed, max_in_flight=max_in_flight,
+                                    probe=not no_probe))
     except KeyboardInterrupt:  # the rollouts are Temporal's, not this process's: say so instead of "Aborted!"
         click.echo(f"\nstopped waiting; the rollouts of run {rid!r} keep running in Temporal. "
                    f"Rerun to re-attach: {again}", err=True)

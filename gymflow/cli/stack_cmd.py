@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -9,7 +10,9 @@ import time
 import click
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
+from gymflow.cli.probe import probe_models
 from gymflow.embedded import spawn_pool, start_stack, stop_all
+from gymflow.kernel.config import Settings
 
 
 @click.command()
@@ -31,7 +34,15 @@ def worker(pool: str, config_path: str | None, metrics_bind: str | None, models:
 
     setup_logging(verbose)
     served = models.split(",") if models is not None else None
-    run(run_pool(settings_or_exit(config_path), pool, metrics_bind, served))  # type: ignore[arg-type]
+    settings = settings_or_exit(config_path)
+    warn_about_endpoints(settings, served)
+    run(run_pool(settings, pool, metrics_bind, served))  # type: ignore[arg-type]
+
+
+def warn_about_endpoints(settings: Settings, names: list[str] | None = None) -> None:
+    """One warning line per model endpoint that fails its probe; the endpoint may still come up later."""
+    for line in asyncio.run(probe_models(settings, names)):
+        click.echo(f"warning: {line} (rollouts of it fail until it answers)", err=True)
 
 
 def _store_starting(ids: object) -> dict:
@@ -76,6 +87,7 @@ def up(config_path: str | None, pools: str, codec_port: int) -> None:
         click.echo(f"Temporal UI: {addr.ui_url}")
     click.echo(f"Codec server: {codec.url}   (the UI shows the messages behind message ids through it)")
     click.echo(f"pools: {', '.join(names) or 'none'}   (Ctrl-C to stop)")
+    warn_about_endpoints(settings)
     stopping = False
 
     def _stop(*_: object) -> None:

@@ -202,7 +202,8 @@ class ScriptedOpenAI(ThreadedHTTPService):
         return reply
 
     async def _get(self, request: web.Request) -> web.Response:
-        return _json(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+        # It answers whatever model a request names, so it lists none (`gymflow/cli/probe.py` then checks nothing).
+        return _json(200, {"object": "list", "data": []})
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, MAX_BODY_BYTES)
