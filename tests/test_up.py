@@ -79,3 +79,8 @@ def test_demo_prints_no_spurious_warnings(tmp_path):
     assert "no worker polls" not in out and "no generate worker serves" not in out, out
     assert "RuntimeDirWarning" not in out and "XDG_RUNTIME_DIR" not in out, out
     assert "mean reward" in out, out
+    # It leaves a path: a transcript of the best and the worst rollout, the report, the next commands.
+    assert "best rollout of the run: demo-single_tool/" in out and "worst rollout of the run" in out, out
+    assert "get_weather" in out, out  # the transcript's tool call
+    assert "next:" in out and "gymflow up" in out and "gymflow report demo-single_tool" in out, out
+    assert "gymflow collect your.jsonl --env single_tool" in out, out

@@ -79,8 +79,43 @@ async def _collect_when_polled(settings: Settings, procs: Sequence[subprocess.Po
                                n: int, console: Console) -> Tally:
     console.print("waiting for the worker pools to start polling")
     await wait_for_pools(settings, procs, "policy")
-    return await collect_dataset(settings, dataset, env=env_name, model="policy", n=n, run_id=f"demo-{env_name}",
-                                 console=console)
+    tally = await collect_dataset(settings, dataset, env=env_name, model="policy", n=n, run_id=f"demo-{env_name}",
+                                  console=console)
+    await _afterword(settings, f"demo-{env_name}", console)
+    return tally
+
+
+async def _afterword(settings: Settings, run_id: str, console: Console) -> None:
+    """The run's best and worst rollout, its report, while the stack is still up to read them from."""
+    import sqlalchemy as sa
+
+    from gymflow.kernel.store.reports import rollout_detail
+    from gymflow.reports.data import load_run, make_linker, store_session
+    from gymflow.reports.text import render_report, render_rollout
+
+    linker = make_linker(settings, None)
+    async with store_session(settings, on_wait=console.print) as session:
+        ranked = (await session.execute(sa.text(
+            "SELECT id FROM rollouts WHERE run_id = :r ORDER BY reward DESC NULLS LAST, id"), {"r": run_id})).scalars()
+        ids = list(ranked)
+        for label, rid in (("best", ids[0]), ("worst", ids[-1])) if ids else ():
+            if (detail := await rollout_detail(session, rid)) is not None:
+                console.rule(f"{label} rollout of the run: {rid}")
+                render_rollout(console, detail, linker)
+            if len(ids) == 1:
+                break
+        if (data := await load_run(session, run_id, per_type=3, examples=3)) is not None:
+            console.rule("report")
+            render_report(console, [data], linker)
+
+
+def next_steps(env_name: str) -> str:
+    """Where to go from the demo (the stack it started is stopped: `up` starts one that stays)."""
+    return (f"next:\n"
+            f"  gymflow up                       # the stack and pools in the foreground (model: gymflow.yaml, "
+            f"see gymflow.example.yaml)\n"
+            f"  gymflow report demo-{env_name}        # this run again, from a stack that is up\n"
+            f"  gymflow collect your.jsonl --env {env_name} -n 8   # your own data (in another shell)")
 
 
 def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_name: str, n: int) -> None:
@@ -90,5 +125,6 @@ def _run_demo(settings: Settings, config_path: str | None, dataset: str, env_nam
         tally = asyncio.run(_collect_when_polled(settings, procs, dataset, env_name, n, console))
         console.print(f"results are in Postgres: {addr.database_url} (runs, rollouts, generations; "
                       "views run_scores, failure_counts, latency_percentiles)")
+    console.print(next_steps(env_name))
     if tally.failed:
         raise SystemExit(1)

@@ -88,7 +88,8 @@ def render_scores(console: Console, data: RunData) -> None:
                          f"{s['masked']} masked"),
             ("mean reward", f"{fmt(s['mean_reward'])} over {scored} scored rollouts"),
             ("pass@k", f"{pass_at_k_summary(curve)} ({len(data.rewards_by_task)} tasks, unbiased estimator)"),
-            ("solved tasks", f"{fmt(s['pass_at_k'])} (any sample with reward >= 1)"),
+            ("solved tasks", "-" if s["pass_at_k"] is None else  # a share, not a count
+             f"{100 * s['pass_at_k']:.0f}% (share of tasks with a sample of reward >= 1)"),
         ]), (0, 0, 0, INDENT)))
     for lat in data.views["latency_percentiles"]:
         _heading(console, "Latency (latency_percentiles)")
