@@ -25,6 +25,7 @@ from temporalio.exceptions import ApplicationError
 
 from gymflow.kernel import errors
 from gymflow.kernel.config import ModelConfig
+from gymflow.kernel.endpoints import connect_problem, failed_to_connect, shown_url
 from gymflow.kernel.failures import short_message
 from gymflow.kernel.wire import ChatMessage
 
@@ -178,6 +179,15 @@ def classify(err: Exception, model: str) -> ApplicationError:
                             next_retry_delay=typed.next_retry_delay)
 
 
+def _where(err: openai.APIConnectionError) -> tuple[str, str]:
+    """(the URL without credentials, its host) of the failed request."""
+    try:
+        url = err.request.url
+    except (AttributeError, RuntimeError):
+        return "<unknown URL>", "<unknown host>"
+    return shown_url(str(url)), url.host
+
+
 def _classify(err: Exception, model: str) -> ApplicationError:
     if isinstance(err, openai.RateLimitError):
         delay = retry_after_seconds(err.response.headers)
@@ -194,10 +204,11 @@ def _classify(err: Exception, model: str) -> ApplicationError:
                                 non_retryable=True)
     if isinstance(err, openai.APIStatusError):
         return ApplicationError(f"{model}: HTTP {err.status_code}", type=errors.MODEL_UNAVAILABLE)
-    if isinstance(err, openai.APITimeoutError):
-        return ApplicationError(f"{model}: request timed out", type=errors.MODEL_UNAVAILABLE)
-    if isinstance(err, openai.APIConnectionError):
-        return ApplicationError(f"{model}: connection failed", type=errors.MODEL_UNAVAILABLE)
+    if isinstance(err, openai.APITimeoutError) and not failed_to_connect(err):
+        return ApplicationError(f"{model}: request timed out at {_where(err)[0]}", type=errors.MODEL_UNAVAILABLE)
+    if isinstance(err, openai.APIConnectionError):  # refused, DNS, TLS: said as what it is, with the URL
+        url, host = _where(err)
+        return ApplicationError(f"{model}: {connect_problem(url, host, err)}", type=errors.MODEL_UNAVAILABLE)
     if isinstance(err, (openai.APIResponseValidationError, ValueError)):  # incl. JSON errors of a 200 body
         return bad_response(model, short_message(redact.current().text(str(err)), 200))
     return ApplicationError(f"{model}: {type(err).__name__}: {err}", type=errors.MODEL_UNAVAILABLE)

@@ -91,3 +91,22 @@ def test_collect_on_a_dead_endpoint_stops_before_anything_starts(tmp_path):
     assert result.exit_code == 1
     assert f"model 'policy': connection refused at http://127.0.0.1:{port}/v1" in result.output
     assert "nothing was started (--no-probe starts anyway)" in result.output
+
+
+async def test_a_refused_model_call_is_said_as_refused_with_the_url_not_a_timeout():
+    """httpx-aiohttp reports a refused connection as a ConnectTimeout; the failure says what happened."""
+    import openai
+
+    from activities.model_client import _classify
+
+    port = _closed_port()
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1?key={KEY}", api_key="k", max_retries=0,
+                                http_client=openai.DefaultAioHttpClient())
+    try:
+        with pytest.raises(openai.APIConnectionError) as err:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    finally:
+        await client.close()
+    failure = _classify(err.value, "policy")
+    assert failure.message == f"policy: connection refused at http://127.0.0.1:{port}/v1/"
+    assert failure.type == "model_unavailable" and KEY not in failure.message

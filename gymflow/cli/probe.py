@@ -6,43 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 from collections.abc import Iterable
 
 import httpx
 
 from gymflow.kernel.config import ModelConfig, Settings
+from gymflow.kernel.endpoints import connect_problem, shown_url
 
 PROBE_TIMEOUT_S = 5.0
-
-
-def shown_url(base_url: str) -> str:
-    """The URL without credentials or query (a key can hide in either)."""
-    try:
-        u = httpx.URL(base_url)
-    except (httpx.InvalidURL, TypeError):
-        return "<unparsable URL>"
-    port = f":{u.port}" if u.port else ""
-    return f"{u.scheme}://{u.host}{port}{u.path}"
-
-
-def _cause(exc: BaseException) -> BaseException:
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return exc
-
-
-def _connect_problem(url: str, host: str, exc: httpx.TransportError) -> str:
-    root = _cause(exc)
-    text = f"{exc} {root}".lower()
-    if isinstance(root, ssl.SSLError) or "ssl" in text or "certificate" in text:
-        return f"TLS error at {url}: {str(root)[:160]}"
-    if "name or service not known" in text or "nodename nor servname" in text or "name resolution" in text \
-            or "getaddrinfo" in text:
-        return f"DNS lookup failed for {host}"
-    if isinstance(root, ConnectionRefusedError) or "refused" in text:
-        return f"connection refused at {url}"
-    return f"cannot connect to {url}: {str(root)[:160] or type(root).__name__}"
 
 
 async def probe_model(name: str, cfg: ModelConfig, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
@@ -59,7 +30,7 @@ async def probe_model(name: str, cfg: ModelConfig, timeout_s: float = PROBE_TIME
     except httpx.TimeoutException:
         return f"model {name!r}: timed out after {timeout_s:g} s at {url}"
     except httpx.TransportError as e:
-        return f"model {name!r}: {_connect_problem(url, httpx.URL(cfg.base_url).host, e)}"
+        return f"model {name!r}: {connect_problem(url, httpx.URL(cfg.base_url).host, e)}"
     if resp.status_code in (401, 403):
         hint = f"check the key in ${cfg.api_key_env}" if cfg.api_key_env else "no api_key_env is configured"
         return f"model {name!r}: {resp.status_code} from {url} ({hint})"
