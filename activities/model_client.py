@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import os
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
-from time import time
+from time import monotonic, time
 from typing import Annotated, Any
 
 import httpx
@@ -27,6 +30,7 @@ from gymflow.kernel import errors
 from gymflow.kernel.config import ModelConfig
 from gymflow.kernel.endpoints import connect_problem, failed_to_connect, shown_url
 from gymflow.kernel.failures import short_message
+from gymflow.kernel.logfilter import ACTIVITY_LOGGER, ExpectedFailureFilter, expected_failure
 from gymflow.kernel.wire import ChatMessage
 
 _CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens",
@@ -167,11 +171,12 @@ def parse_completion(body: bytes, content_type: str, model: str) -> Completion:
         raise bad_response(model, f"{where}: {msg}") from None
 
 
-def classify(err: Exception, model: str) -> ApplicationError:
+def classify(err: Exception, model: str, timeout_s: float | None = None) -> ApplicationError:
     """One place that decides: deterministic (non-retryable, typed) or transient (retry, maybe delayed). The
     endpoint's own text (its error message, a body it quoted) has the worker's secrets redacted first: a 400 that
-    echoes the request's key must not put it in history, the log or the rollout row."""
-    typed = _classify(err, model)
+    echoes the request's key must not put it in history, the log or the rollout row. `timeout_s`: the request
+    timeout, named in a timeout's message."""
+    typed = _classify(err, model, timeout_s)
     message = short_message(redact.current().text(typed.message))  # redacted, then cut
     if message == typed.message:
         return typed
@@ -188,7 +193,27 @@ def _where(err: openai.APIConnectionError) -> tuple[str, str]:
     return shown_url(str(url)), url.host
 
 
-def _classify(err: Exception, model: str) -> ApplicationError:
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """`err` and what caused it (bounded: a cycle or a long chain ends the walk)."""
+    seen: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and len(seen) < 16 and not any(e is s for s in seen):
+        seen.append(e)
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _timed_out(err: BaseException) -> bool:
+    """Whether a wait ran out: a TimeoutError below the wrappers (aiohttp's are asyncio.TimeoutErrors), or a
+    timeout error with nothing below it. httpx-aiohttp maps any aiohttp connection error (a reset, a disconnect)
+    to a ConnectTimeout, so the wrapper's own class says nothing."""
+    chain = list(_causes(err))
+    if any(isinstance(e, TimeoutError) for e in chain):
+        return True
+    return isinstance(chain[-1], (openai.APITimeoutError, httpx.TimeoutException))
+
+
+def _classify(err: Exception, model: str, timeout_s: float | None = None) -> ApplicationError:
     if isinstance(err, openai.RateLimitError):
         delay = retry_after_seconds(err.response.headers)
         return ApplicationError(f"{model}: rate limited (429)", type=errors.RATE_LIMITED,
@@ -204,8 +229,9 @@ def _classify(err: Exception, model: str) -> ApplicationError:
                                 non_retryable=True)
     if isinstance(err, openai.APIStatusError):
         return ApplicationError(f"{model}: HTTP {err.status_code}", type=errors.MODEL_UNAVAILABLE)
-    if isinstance(err, openai.APITimeoutError) and not failed_to_connect(err):
-        return ApplicationError(f"{model}: request timed out at {_where(err)[0]}", type=errors.MODEL_UNAVAILABLE)
+    if isinstance(err, openai.APITimeoutError) and _timed_out(err) and not failed_to_connect(err):
+        after = f" after {timeout_s:g} s" if timeout_s else ""
+        return ApplicationError(f"{model}: timed out{after} at {_where(err)[0]}", type=errors.MODEL_UNAVAILABLE)
     if isinstance(err, openai.APIConnectionError):  # refused, DNS, TLS: said as what it is, with the URL
         url, host = _where(err)
         return ApplicationError(f"{model}: {connect_problem(url, host, err)}", type=errors.MODEL_UNAVAILABLE)
@@ -258,7 +284,7 @@ class ModelClients:
                                                 options={"headers": headers})
             return parse_completion(await http.aread(), http.headers.get("content-type", ""), name)
         except (openai.OpenAIError, ValueError) as e:
-            raise classify(e, name) from None
+            raise classify(e, name, self.config(name).request_timeout_s) from None
 
     async def limited_create(self, name: str, body: dict[str, Any]) -> Completion:
         """`create` within the model's per-process concurrency limit (waiting for a slot included)."""
@@ -275,3 +301,55 @@ class ModelClients:
     async def close(self) -> None:
         for c in self._clients.values():
             await c.close()
+
+
+# -- the worker's log: one warning per (model, cause) per interval ---------------------------------------------------
+
+WARN_EVERY_S = 60.0
+_SDK_FAILURE_MARK = "__temporal_error_identifier"  # the `extra` the SDK puts on its failed-attempt record
+# The endpoint's own trouble: every rollout in flight fails the same way, attempt after attempt (10 rollouts on a
+# refused endpoint once logged 60 identical lines). A 400 or a context overflow is about one rollout: not grouped.
+REPEATED_TYPES = frozenset({errors.MODEL_UNAVAILABLE, errors.RATE_LIMITED, errors.MODEL_BAD_RESPONSE,
+                            errors.MODEL_AUTH})
+
+
+class RepeatedModelFailures(ExpectedFailureFilter):
+    """ExpectedFailureFilter's one line per failed attempt, and for a model endpoint's failure at most one such
+    line per (model, cause) per `every_s`: the next one shown says how many were held back since the last. The
+    failure's message names both (`policy: connection refused at URL`), so it is the key."""
+
+    def __init__(self, every_s: float = WARN_EVERY_S, clock: Callable[[], float] = monotonic) -> None:
+        super().__init__()
+        self.every_s, self.clock = every_s, clock
+        self._shown: dict[tuple[str, str], float] = {}
+        self._held: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()  # records come from the loop and from activity threads
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        sdk_failure = getattr(record, _SDK_FAILURE_MARK, None) == "ActivityFailure"
+        err = expected_failure(record.exc_info[1]) if sdk_failure and record.exc_info else None
+        if err is None or err.type not in REPEATED_TYPES:
+            return super().filter(record)
+        key = (err.type, err.message)
+        with self._lock:
+            now = self.clock()
+            if now - self._shown.get(key, -math.inf) < self.every_s:
+                self._held[key] = self._held.get(key, 0) + 1
+                return False
+            self._shown[key] = now
+            held = self._held.pop(key, 0)
+        super().filter(record)  # the one-line form, then the count after it
+        if held:
+            record.msg, record.args = (f"{record.getMessage()} ({held} more like it since the last one shown, "
+                                       f"at most one per {self.every_s:g} s)"), ()
+        return True
+
+
+def quiet_repeated_failures(every_s: float = WARN_EVERY_S) -> None:
+    """Replace the activity logger's ExpectedFailureFilter with RepeatedModelFailures (idempotent)."""
+    logger = logging.getLogger(ACTIVITY_LOGGER)
+    if any(isinstance(f, RepeatedModelFailures) for f in logger.filters):
+        return
+    for f in [f for f in logger.filters if isinstance(f, ExpectedFailureFilter)]:
+        logger.removeFilter(f)
+    logger.addFilter(RepeatedModelFailures(every_s))

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
-from gymflow.cli.probe import probe_models
+from gymflow.cli.probe import judge_models, probe_models
 from gymflow.cli.progress import Tally, progress_bar, summary_table
 from gymflow.client import GymflowClient, check_collectable
 from gymflow.data.datasets import grouped, load_jsonl
@@ -42,8 +42,11 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
         check_collectable(settings, {t.env for t in tasks}, model, run_id)
     except GymflowError as e:
         raise click.ClickException(str(e)) from None
-    if probe and (problems := await probe_models(settings, [model])):  # a dead endpoint fails every rollout
-        raise click.ClickException("; ".join(problems) + "; nothing was started (--no-probe starts anyway)")
+    # The policy and the judges of these environments: a dead endpoint fails (or masks) every rollout. The keys are
+    # the workers' (a 401 for a key unset here proves nothing).
+    wanted = [model, *judge_models(settings, {t.env for t in tasks})]
+    if probe and (problems := await probe_models(settings, wanted, keys_elsewhere=True)):
+        raise click.ClickException("\n".join(problems) + "\nnothing was started (--no-probe starts anyway)")
 
     def notice(message: str) -> None:
         console.print(f"[yellow]{escape(message)}[/yellow]", highlight=False)

@@ -10,7 +10,7 @@ import time
 import click
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
-from gymflow.cli.probe import probe_models
+from gymflow.cli.probe import pool_models, probe_models
 from gymflow.embedded import spawn_pool, start_stack, stop_all
 from gymflow.kernel.config import Settings
 
@@ -30,12 +30,14 @@ def worker(pool: str, config_path: str | None, metrics_bind: str | None, models:
     """Run one worker pool until SIGTERM (in-flight work finishes first).
 
     At start it waits for Postgres and Temporal, up to $GYMFLOW_STARTUP_WAIT_S (default 300 s)."""
+    from gymflow.activities.model_client import quiet_repeated_failures
     from gymflow.workers.run_pool import run_pool
 
     setup_logging(verbose)
+    quiet_repeated_failures()  # an endpoint that is down: one warning per model and cause a minute, with a count
     served = models.split(",") if models is not None else None
     settings = settings_or_exit(config_path)
-    warn_about_endpoints(settings, served)
+    warn_about_endpoints(settings, pool_models(settings, pool, served))  # only the models this pool calls
     run(run_pool(settings, pool, metrics_bind, served))  # type: ignore[arg-type]
 
 
