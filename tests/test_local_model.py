@@ -155,6 +155,32 @@ def test_concurrent_requests_are_batched(server: Any, http: httpx.Client) -> Non
         _assert_logprobs_are_the_models(server, d)
 
 
+def test_a_long_row_does_not_hold_short_ones(server: Any, http: httpx.Client) -> None:
+    """Continuous batching: short requests sent while a long row runs join it and return on their own, long
+    before it ends; the long row, rebuilt as they joined, still carries the model's own ids and logprobs."""
+    import time
+
+    done_at: dict[str, float] = {}
+
+    def timed(name: str, **body: Any) -> dict[str, Any]:
+        d = _chat(http, **body)
+        done_at[name] = time.monotonic()
+        return d
+
+    with ThreadPoolExecutor(4) as pool:
+        long = pool.submit(timed, "long", max_tokens=160, temperature=0, ignore_eos=True, logprobs=True,
+                           return_token_ids=True)
+        time.sleep(0.3)  # let the long row start first
+        shorts = [pool.submit(timed, f"short{i}", messages=[{"role": "user", "content": f"Say {i}."}],
+                              max_tokens=4, ignore_eos=True) for i in range(3)]
+        for f in shorts:
+            f.result()
+        long_reply = long.result()
+    assert len(long_reply["choices"][0]["token_ids"]) == 160
+    assert all(done_at[f"short{i}"] < done_at["long"] for i in range(3)), done_at
+    _assert_logprobs_are_the_models(server, long_reply)
+
+
 def test_same_seed_same_output_and_length_limit(http: httpx.Client) -> None:
     a = _chat(http, max_tokens=8, temperature=1.0, seed=11, return_token_ids=True)
     b = _chat(http, max_tokens=8, temperature=1.0, seed=11, return_token_ids=True)
@@ -201,3 +227,23 @@ def test_load_weights_changes_version_and_output(server: Any, http: httpx.Client
     after = _chat(http, max_tokens=8, temperature=0, return_token_ids=True)
     assert after["policy_version"] == "v3" and after["model"] == before["model"]
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+
+
+def test_stopping_mid_batch_ends_within_seconds(server: Any, http: httpx.Client) -> None:
+    """Last in the file: it stops the shared server. A long generation in flight does not hold the stop (Ctrl-C of
+    `python -m gymflow.localmodel` runs this same stop); the request in flight gets a 503, not a hang."""
+    import time
+
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(lambda: http.post("/chat/completions", json={"messages": ASK, "max_tokens": 1500,
+                                                                        "ignore_eos": True}))
+        deadline = time.monotonic() + 30
+        while server._worker._running == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server._worker._running == 1
+        started = time.monotonic()
+        server._worker.stop()
+        stopped_in = time.monotonic() - started
+        r = reply.result(timeout=30)
+    assert stopped_in < 3, stopped_in
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]

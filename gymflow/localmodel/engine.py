@@ -12,6 +12,7 @@ import inspect
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,43 +119,84 @@ class Engine:
             raise result
         return result
 
-    @torch.inference_mode()
     def generate_batch(self, reqs: list[ChatRequest]) -> list[Generation | BadRequest]:
-        """Generate for several requests at once (left-padded, one forward pass per step for all of them): on CPU
-        a step costs about the same for 1 row as for 8, as it is bound by reading the weights."""
-        results: list[Generation | BadRequest | None] = [None] * len(reqs)
-        rows: list[tuple[int, _Row]] = []
-        for i, req in enumerate(reqs):
+        """Generate for several requests at once; the results in request order."""
+        results: dict[int, Generation | BadRequest] = {}
+        self.generate_continuous(list(zip(reqs, range(len(reqs)), strict=True)), lambda _free: [],
+                                 results.__setitem__, max_rows=max(1, len(reqs)))
+        return [results[i] for i in range(len(reqs))]
+
+    @torch.inference_mode()
+    def generate_continuous(self, first: list[tuple[ChatRequest, Any]],
+                            admit: Callable[[int], list[tuple[ChatRequest, Any]]],
+                            done: Callable[[Any, Generation | BadRequest], None], *, max_rows: int,
+                            stopping: Callable[[], bool] = lambda: False, waiting: Callable[[], bool] = lambda: False,
+                            check_every: int = 8) -> None:
+        """Continuous batching on CPU: rows run together (left-padded, one forward pass per step for all of them,
+        which on CPU costs about the same for 1 row as for 8: it is bound by reading the weights). Each row is
+        handed to `done(handle, result)` the step it finishes, so a short request never waits for a long one.
+        Every `check_every` steps, when `admit(free_rows)` brings new requests, the batch is rebuilt: finished rows
+        leave, new ones join, and unfinished rows go on from their prompt plus what they generated so far (one
+        re-prefill: the same logits, so ids and logprobs are those of an uninterrupted run). `stopping()` ends
+        every row at once with a 503, so a server stops within a step; `waiting()` says whether requests wait to
+        join (cheap: it is asked every `check_every` steps)."""
+        active = self._start_rows(first, done)
+
+        def should_yield() -> bool:  # rebuilding costs a prefill: only for a free row and someone to take it
+            return stopping() or (sum(r.finish is None for _, r in active) < max_rows and waiting())
+
+        while active:
+            self._run(active, done, should_yield, check_every)
+            if stopping():
+                for handle, row in active:
+                    if row.finish is None:
+                        done(handle, BadRequest("the local model is shutting down", status=503))
+                return
+            active = [(h, r) for h, r in active if r.finish is None]
+            if len(active) < max_rows:
+                active += self._start_rows(admit(max_rows - len(active)), done)
+
+    def _start_rows(self, jobs: list[tuple[ChatRequest, Any]], done: Callable[[Any, Generation | BadRequest], None],
+                    ) -> list[tuple[Any, _Row]]:
+        rows = []
+        for req, handle in jobs:
             try:
                 prompt = self.prompt_ids(req)
                 rng = torch.Generator().manual_seed(req.seed % (1 << 64)) if req.seed is not None else None
-                rows.append((i, _Row(req, prompt, self._budget(req, len(prompt)), rng)))
+                rows.append((handle, _Row(req, prompt, self._budget(req, len(prompt)), rng)))
             except BadRequest as e:
-                results[i] = e
-        if rows:
-            self._run([r for _, r in rows])
-            for i, row in rows:
-                results[i] = row.result(self.tokenizer)
-        return [r for r in results if r is not None]
+                done(handle, e)
+        return rows
 
-    def _run(self, rows: list[_Row]) -> None:
+    def _run(self, active: list[tuple[Any, _Row]], done: Callable[[Any, Generation | BadRequest], None],
+             should_yield: Callable[[], bool], check_every: int) -> None:
+        """Step `active` until every row finishes, or until a check point (every `check_every` steps) finds that
+        it should yield (the server stopping, or requests waiting to join)."""
+        rows = [r for _, r in active]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop_ids)
-        width = max(len(r.prompt) for r in rows)
-        input_ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in rows])
-        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in rows])
+        contexts = [r.prompt + r.ids for r in rows]
+        width = max(len(c) for c in contexts)
+        input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = {_cache_kwarg(self.model): DynamicCache(config=self.model.config)}  # filled in place, step by step
-        for _ in range(max(r.budget for r in rows)):
+        step = 0
+        while True:
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                              logits_to_keep=1, **cache)
             logits = out.logits[:, -1].float()
             logprobs = torch.log_softmax(logits, dim=-1)
-            for b, row in enumerate(rows):
+            for b, (handle, row) in enumerate(active):
                 if row.finish is None:
                     row.advance(logits[b], logprobs[b], self)
+                    if row.finish is not None:
+                        done(handle, row.result(self.tokenizer))
+            step += 1
             if all(r.finish for r in rows):
                 return
-            # A finished row keeps stepping with its last token (wasted, ignored) until the batch ends.
+            if step % check_every == 0 and should_yield():
+                return
+            # A finished row keeps stepping with its last token (wasted, ignored) until the batch is rebuilt.
             input_ids = torch.tensor([[r.ids[-1]] for r in rows])
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype)], dim=1)
             positions = positions[:, -1:] + 1

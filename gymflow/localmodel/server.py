@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP server in front of `Engine`.
 
 An aiohttp event loop (its own thread) parses and validates requests; one worker thread runs the model, in
-arrival order, chat requests waiting together as one batch, and a weight swap lands between two batches, never
-inside one. A waiting request holds a future, not a thread. No request content is ever logged. The control
+arrival order, with continuous batching (each row returns when it finishes; waiting requests join as rows free up,
+so a long row never holds a short one), and a weight swap lands between two batches, never inside one. A waiting request holds a future, not a thread. No request content is ever logged. The control
 endpoint (`/v1/load_weights`) needs the control token and loads only from under the weights root (control.py).
 """
 
@@ -35,14 +35,20 @@ CONTROL_PATHS = frozenset({"/v1/load_weights"})  # need the control token
 
 
 class _Worker:
-    """One thread that runs every model call and every weight swap, in arrival order. Chat requests waiting
-    together run as one batch (up to `max_batch`); a swap is never inside a batch. Callers wait with a timeout."""
+    """One thread that runs every model call and every weight swap, in arrival order. Chat requests run with
+    continuous batching (up to `max_batch` rows at once: each finishes on its own, waiting ones join as rows
+    free up); a swap waits until the running rows finish and no chat request joins past it, so it is never inside
+    a batch. Callers wait with a timeout."""
 
-    def __init__(self, queue_size: int, max_batch: int, run_batch: Callable[[list[Any]], list[Any]]) -> None:
+    QUEUED_NOTICE_S = 10.0  # at most one "queued" line per this many seconds
+
+    def __init__(self, queue_size: int, max_batch: int, run_chats: Callable[..., None]) -> None:
         self._jobs: deque[tuple[str, Any, Future]] = deque()
         self._cond = threading.Condition()
-        self._queue_size, self._max_batch, self._run_batch = queue_size, max_batch, run_batch
+        self._queue_size, self._max_batch, self._run_chats = queue_size, max_batch, run_chats
         self._stopping = False
+        self._running = 0  # chat rows now in the batch
+        self._last_notice = 0.0
         self.largest_batch = 0  # for tests and benchmarks
         self._thread = threading.Thread(target=self._run, name="localmodel-worker", daemon=True)
 
@@ -66,20 +72,57 @@ class _Worker:
                 taken.append(self._jobs.popleft())
         return [job for job in taken if job[2].set_running_or_notify_cancel()]  # drop those whose caller left
 
+    def _admit(self, free: int) -> list[tuple[Any, Future]]:
+        """Chat requests at the head of the queue, to join the running batch (never past a waiting swap)."""
+        taken = []
+        with self._cond:
+            while self._jobs and self._jobs[0][0] == "chat" and len(taken) < free:
+                _, payload, fut = self._jobs.popleft()
+                if fut.set_running_or_notify_cancel():
+                    taken.append((payload, fut))
+        return taken
+
+    def _chat_waiting(self) -> bool:
+        jobs = self._jobs  # read without the lock: a stale answer only moves a rebuild by a few steps
+        return bool(jobs) and jobs[0][0] == "chat"
+
     def _run(self) -> None:
         while (jobs := self._take()) is not None:
             if not jobs:
                 continue
-            self.largest_batch = max(self.largest_batch, len(jobs))
-            try:
-                if jobs[0][0] == "call":
-                    results = [jobs[0][1]()]
-                else:
-                    results = self._run_batch([payload for _, payload, _ in jobs])
-            except BaseException as e:  # noqa: BLE001 - handed to every waiting request
-                results = [e] * len(jobs)
-            for (_, _, fut), result in zip(jobs, results, strict=True):
-                fut.set_exception(result) if isinstance(result, BaseException) else fut.set_result(result)
+            if jobs[0][0] == "call":
+                fut = jobs[0][2]
+                try:
+                    fut.set_result(jobs[0][1]())
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                    fut.set_exception(e)
+                continue
+            self._chats([(payload, fut) for _, payload, fut in jobs])
+
+    def _chats(self, first: list[tuple[Any, Future]]) -> None:
+        pending: set[Future] = {fut for _, fut in first}
+
+        def admit(free: int) -> list[tuple[Any, Future]]:
+            joined = self._admit(free)
+            pending.update(fut for _, fut in joined)
+            self._running = len(pending)
+            self.largest_batch = max(self.largest_batch, len(pending))
+            return joined
+
+        def done(fut: Future, result: Any) -> None:
+            pending.discard(fut)
+            self._running = len(pending)
+            fut.set_exception(result) if isinstance(result, BaseException) else fut.set_result(result)
+
+        self._running = len(pending)
+        self.largest_batch = max(self.largest_batch, len(pending))
+        try:
+            self._run_chats(first, admit, done, lambda: self._stopping, self._chat_waiting)
+        except BaseException as e:  # noqa: BLE001 - a bug or a broken model: every waiting request gets it
+            for fut in pending:
+                fut.set_exception(e)
+        finally:
+            self._running = 0
 
     def _submit(self, kind: str, payload: Any) -> Future:
         fut: Future = Future()
@@ -88,7 +131,16 @@ class _Worker:
                 raise BadRequest("the local model's queue is full; retry later", status=503)
             self._jobs.append((kind, payload, fut))
             self._cond.notify()
+            if kind == "chat" and self._running >= self._max_batch:
+                self._say_queued()
         return fut
+
+    def _say_queued(self) -> None:
+        now = time.monotonic()
+        if now - self._last_notice >= self.QUEUED_NOTICE_S:
+            self._last_notice = now
+            log.info("request queued: %d rows running (--max-batch %d), %d waiting; each starts as a row finishes",
+                     self._running, self._max_batch, sum(kind == "chat" for kind, _, _ in self._jobs))
 
     def call(self, fn: Callable[[], Any], timeout_s: float) -> Any:
         """From a thread: wait for `fn` to have run on the worker."""
@@ -154,7 +206,8 @@ class LocalModelServer(ThreadedHTTPService):
             raise ValueError("the control token must be at least 32 characters")
         self.control_token = control_token or secrets.token_urlsafe(32)
         self.weights_root = WeightsRoot(weights_root) if weights_root is not None else None
-        self._worker = _Worker(queue_size, max_batch, self._run_batch)
+        self._worker = _Worker(queue_size, max_batch, self._run_chats)
+        self._max_batch = max_batch
         self._load_lock = threading.Lock()
         self._serve(json_app(self._get, self._post, MAX_BODY_BYTES), listen_host(host), port, "localmodel-http")
 
@@ -188,11 +241,21 @@ class LocalModelServer(ThreadedHTTPService):
 
         return await self._worker.chat(req, self.request_timeout_s)
 
-    def _run_batch(self, reqs: list[ChatRequest]) -> list[dict[str, Any] | BadRequest]:
-        """On the worker thread: the version read here is the one that produced these completions."""
+    def _run_chats(self, first: list[tuple[ChatRequest, Any]], admit: Callable[[int], list[tuple[ChatRequest, Any]]],
+                   done: Callable[[Any, Any], None], stopping: Callable[[], bool], waiting: Callable[[], bool]) -> None:
+        """On the worker thread: the version read when a row finishes is the one that produced it (a swap only
+        lands between batches)."""
         e = self.engine
-        return [g if isinstance(g, BadRequest) else completion_body(e.name, e.version, req, g, e)
-                for req, g in zip(reqs, e.generate_batch(reqs), strict=True)]
+
+        def finished(handle: tuple[ChatRequest, Any], gen: Generation | BadRequest) -> None:
+            req, fut = handle
+            done(fut, gen if isinstance(gen, BadRequest) else completion_body(e.name, e.version, req, gen, e))
+
+        def as_jobs(jobs: list[tuple[ChatRequest, Any]]) -> list[tuple[ChatRequest, tuple[ChatRequest, Any]]]:
+            return [(req, (req, fut)) for req, fut in jobs]
+
+        e.generate_continuous(as_jobs(first), lambda free: as_jobs(admit(free)), finished,
+                              max_rows=self._max_batch, stopping=stopping, waiting=waiting)
 
     def load_weights(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
