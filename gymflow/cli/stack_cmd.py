@@ -30,16 +30,21 @@ from gymflow.kernel.config import Settings
 def worker(pool: str, config_path: str | None, metrics_bind: str | None, models: str | None, verbose: bool) -> None:
     """Run one worker pool until SIGTERM (in-flight work finishes first).
 
-    At start it waits for Postgres and Temporal, up to $GYMFLOW_STARTUP_WAIT_S (default 300 s)."""
+    At start it waits for Postgres and Temporal, up to $GYMFLOW_STARTUP_WAIT_S (default 300 s; 30 s when run at a
+    terminal, where a person reads the one line that names the fix)."""
     from gymflow.activities.model_client import quiet_repeated_failures
     from gymflow.workers.run_pool import run_pool
 
     setup_logging(verbose)
     quiet_repeated_failures()  # an endpoint that is down: one warning per model and cause a minute, with a count
     served = models.split(",") if models is not None else None
-    settings = settings_or_exit(config_path)
-    warn_about_endpoints(settings, pool_models(settings, pool, served))  # only the models this pool calls
-    run(run_pool(settings, pool, metrics_bind, served))  # type: ignore[arg-type]
+    try:  # a Ctrl-C before the pool polls: one line, not click's "Aborted!" or a traceback
+        settings = settings_or_exit(config_path)
+        warn_about_endpoints(settings, pool_models(settings, pool, served))  # only the models this pool calls
+    except KeyboardInterrupt:
+        click.echo(f"pool {pool}: stopped before it started; nothing was running here", err=True)
+        raise SystemExit(130) from None
+    run(run_pool(settings, pool, metrics_bind, served, say=lambda line: click.echo(line, err=True)))  # type: ignore[arg-type]
 
 
 def warn_about_endpoints(settings: Settings, names: list[str] | None = None) -> None:
@@ -106,8 +111,8 @@ def _up(settings: Settings, config_path: str | None, pools: str, codec_port: int
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(sig, _stop)
     restarts = {p: 0 for p in names}
     try:
         while not stopping:
@@ -120,7 +125,10 @@ def _up(settings: Settings, config_path: str | None, pools: str, codec_port: int
                     click.echo(f"pool {p} exited with {proc.returncode}; restarting", err=True)
                     procs[p] = spawn_pool(p, env, config_path)
     finally:
+        if stopping:
+            click.echo("stopping: the pools finish their in-flight calls first, then Temporal and Postgres")
         codec.shutdown()
         codec.server_close()
         stop_all(list(procs.values()), stack, settings)
-        click.echo("stopped")
+        click.echo(f"stopped. Rollouts still running are kept in {settings.state_dir} and go on where they were "
+                   "when `gymflow up` starts again.")
