@@ -2,8 +2,9 @@
 
 An aiohttp event loop (its own thread) parses and validates requests; one worker thread runs the model, in
 arrival order, with continuous batching (each row returns when it finishes; waiting requests join as rows free up,
-so a long row never holds a short one), and a weight swap lands between two batches, never inside one. A waiting request holds a future, not a thread. No request content is ever logged. The control
-endpoint (`/v1/load_weights`) needs the control token and loads only from under the weights root (control.py).
+so a long row never holds a short one), and a weight swap lands between two batches, never inside one. A waiting
+request holds a future, not a thread. No request content is ever logged. The control endpoint
+(`/v1/load_weights`) needs the control token and loads only from under the weights root (control.py).
 """
 
 from __future__ import annotations
