@@ -1,23 +1,31 @@
-"""`nemo_gym`: any NeMo Gym resources server, driven over HTTP, as a gymflow environment.
+"""`nemo_gym`: any NeMo Gym resources server, driven as NeMo Gym's simple agent drives it, as a gymflow environment.
 
-A row is NeMo Gym's row unchanged plus `resources_server` (the server's name in NeMo Gym's configs, e.g.
-`example_single_tool_call`). Its URL comes from $GYMFLOW_NEMO_GYM_<SERVER>_URL on the env workers (verify also
-reads `environments.nemo_gym.servers.<server>`). The protocol is NeMo Gym's simple agent's: `/seed_session` with
-the row, which sets a session cookie; one POST `/<tool>` per tool call with that cookie; `/verify` with the row
-plus the episode as a Responses API `response`. Seeding is lazy (setup cannot do I/O): on the first tool call, or
-in verify when there was none; the cookie is the episode state.
+A row is NeMo Gym's row unchanged plus `resources_server` (the server's name in NeMo Gym's catalogue, e.g.
+`xlam_fc`), optionally `resources_server_config` (one of its `configs/*.yaml`; default `<name>.yaml`) and
+`resources_server_overrides` (values merged into that server's config, e.g. `{"should_use_judge": false}`).
+Where is the server? $GYMFLOW_NEMO_GYM_<SERVER>_URL (or `environments.nemo_gym.servers.<server>`, verify only)
+when set: one the user runs. Otherwise gymflow runs it: one process per server per env worker, started from NeMo
+Gym's Python (environments/nemo_gym_server.py). The protocol is NeMo Gym's simple agent's: `/seed_session` with
+the row, which sets a session cookie; one POST `/<tool>` per tool call with that cookie, whose reply body, whatever
+its status (a 404 for a tool the server has no route for, a 422, a 500), is the tool's output the model sees;
+`/verify` with the row plus the episode as a Responses API `response` (every output item). Seeding is lazy (setup
+cannot do I/O): on the first tool call, or in verify when there was none; the cookie is the episode state, with the
+managed server's instance id, so an episode seeded on a server that has since died is failed or masked, not scored.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
 
+from gymflow.environments import nemo_gym_catalogue as catalogue
 from gymflow.environments import nemo_gym_http as http
 from gymflow.environments import nemo_gym_responses as responses
+from gymflow.environments import nemo_gym_server as managed
 from gymflow.environments.base import (
     JSON,
     MAX_VERIFY_S,
@@ -29,17 +37,20 @@ from gymflow.environments.base import (
 )
 from pydantic import Field
 
-from gymflow.kernel.errors import ConfigError, TaskError, ToolError, VerifierError
+from gymflow.kernel.errors import ConfigError, GymflowError, TaskError, ToolError, VerifierError
+from gymflow.kernel.failures import ENVIRONMENT_ERROR, VERIFIER_CRASHED
 from gymflow.kernel.wire import ChatMessage, Score, Task
 
 STATE_KEY = "nemo_gym_cookies"
+INSTANCE_KEY = "nemo_gym_instance"  # the managed server instance the session was seeded on
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # one URL path segment, never `..`
 # The server's own endpoints: a tool of these names would let the model seed, verify or close its own session.
 RESERVED = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode", "mcp",
                       "health", "healthz", "livez", "readyz", "docs", "openapi.json", "redoc"})
 _OURS = ("gymflow_request", "gymflow_prompt_len")
-# FastAPI's answers for a missing route, as opposed to a tool that says "not found" itself.
-_NO_ROUTE = ({"detail": "Not Found"}, {"detail": "Method Not Allowed"})
+# A tool route's 500 (its handler raised) is shown to the model, as NeMo Gym's simple agent shows it; 502-504 and
+# connection failures are the platform's (retried, then environment_error).
+_TOOL_ANSWERED = frozenset({500})
 _MAX_DETAIL_CHARS = 500
 VERIFY_ATTEMPTS = 3  # verify is retried here: a VerifierError is final (masked), unlike a tool call's error
 VERIFY_BACKOFF_S = 1.0
@@ -47,6 +58,9 @@ VERIFY_BACKOFF_S = 1.0
 
 class NemoGymTask(TaskData):
     resources_server: str = Field(pattern=f"^{http.SERVER_NAME.pattern}$")  # a name, not a path or URL
+    # Managed servers only: which of the server's configs/*.yaml, and values merged into its config.
+    resources_server_config: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\.yaml$")
+    resources_server_overrides: dict[str, Any] | None = None
     # Filled by parse_task from the task, never from the row: what /seed_session and /verify need of the prompt.
     gymflow_request: JSON = Field(default_factory=dict, exclude=True)
     gymflow_prompt_len: int = Field(0, exclude=True)
@@ -82,11 +96,22 @@ class NemoGymOptions(EnvironmentOptions):
     timeout_s: float | None = Field(None, gt=0, le=MAX_VERIFY_S, description="One request to a resources server")
 
 
+def _user_run(server: str, options: JSON | None = None) -> bool:
+    """Whether the user runs this server (a URL is configured) rather than gymflow."""
+    return bool(((options or {}).get("servers") or {}).get(server)) or bool(os.environ.get(http.url_env_var(server)))
+
+
+def _lost(data: NemoGymTask, was: str, now: str) -> str:
+    return (f"NeMo Gym server {data.resources_server} was restarted (instance {was} -> {now}) after this episode's "
+            "session was seeded on it (it died, or this step ran on another env worker): the session is lost")
+
+
 class NemoGymEnvironment(Environment[NemoGymTask]):
     name = "nemo_gym"
     task_type = NemoGymTask
     Options = NemoGymOptions
-    needs = ("a NeMo Gym resources server (environments.nemo_gym.servers)",)
+    needs = ("NeMo Gym resources servers: run from NeMo Gym's Python (.nemo313 or $GYMFLOW_NEMO_GYM_PYTHON), or "
+             "at $GYMFLOW_NEMO_GYM_<SERVER>_URL; `gymflow env list --nemo-gym`",)
     in_loop_reason = "its work is async HTTP to NeMo Gym's resources servers, processes of their own"
 
     # A nemo_gym row is any NeMo Gym row plus `resources_server`: routing must not send a math row here to
@@ -104,8 +129,34 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
             if problem := _check_tool_name(tool.name):
                 raise TaskError(f"responses_create_params.tools[{i}].name: {problem}")
         data = super().parse_task(task)
+        if not _user_run(data.resources_server):
+            self._check_runnable(data)
         return data.model_copy(update={"gymflow_request": responses.create_params(task),
                                        "gymflow_prompt_len": len(task.messages)})
+
+    @staticmethod
+    def _check_runnable(data: NemoGymTask) -> None:
+        """A row for a server gymflow cannot run is refused here, before any episode or server starts."""
+        try:
+            info = catalogue.server(data.resources_server)
+        except ConfigError as e:
+            raise TaskError(f"resources_server: {e}") from None
+        if info.refusal and not data.resources_server_overrides:
+            raise TaskError(f"resources_server: NeMo Gym server {info.name} cannot run here: {info.refusal}")
+        if data.resources_server_config is not None and data.resources_server_config not in info.configs:
+            raise TaskError(f"resources_server_config: {data.resources_server_config!r} is not one of "
+                            f"{info.name}'s configs ({', '.join(info.configs) or 'none'})")
+
+    async def _endpoint(self, data: NemoGymTask, options: JSON | None = None) -> tuple[str, str]:
+        """(base URL, managed instance id or '' for a server the user runs)."""
+        if _user_run(data.resources_server, options):
+            return http.server_url(data.resources_server, options), ""
+        try:
+            spec = managed.Spec.of(data.resources_server, data.resources_server_config,
+                                   data.resources_server_overrides)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; or set {http.url_env_var(data.resources_server)} to a server you run") from None
+        return await managed.managed(spec).ensure()
 
     async def _seed(self, data: NemoGymTask, url: str, timeout: float) -> dict[str, str]:
         reply = await http.post(url, "/seed_session", http.encode(data.row()), {}, timeout)
@@ -121,25 +172,24 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
             body = http.encode(args)
         except ValueError:
             raise ToolError("arguments must be strict JSON (no NaN or Infinity)") from None
-        url, timeout = http.server_url(data.resources_server), http.timeout_s()
+        url, instance = await self._endpoint(data)
+        timeout = http.timeout_s()
         cookies = state.get(STATE_KEY)
         if not isinstance(cookies, dict):
             cookies = await self._seed(data, url, timeout)
-        reply = await http.post(url, f"/{name}", body, cookies, timeout)
-        new_state = {**state, STATE_KEY: http.merge_cookies(cookies, reply.cookies)}
-        if 200 <= reply.status < 300:
-            return ToolOutput(content=reply.text, state=new_state)
-        if reply.status in (404, 405) and _json_or_none(reply.text) in _NO_ROUTE:
-            var = http.url_env_var(data.resources_server)
-            raise ConfigError(f"resources server {data.resources_server!r} at {http.redact(url)} has no endpoint "
-                              f"/{name}: check the row's resources_server and {var}")
-        # 400/404/422...: the server refused these arguments; the model sees why and may fix them.
-        raise ToolError(f"HTTP {reply.status}: {reply.text}")
+        elif state.get(INSTANCE_KEY, "") != instance:
+            raise GymflowError(_lost(data, state.get(INSTANCE_KEY, ""), instance), failure_type=ENVIRONMENT_ERROR)
+        reply = await http.post(url, f"/{name}", body, cookies, timeout, answered=_TOOL_ANSWERED)
+        new_state = {**state, STATE_KEY: http.merge_cookies(cookies, reply.cookies), INSTANCE_KEY: instance}
+        # NeMo Gym's simple agent: "Resource-server errors are valid model-visible tool outputs". The reply body,
+        # whatever its status, is what the model sees: a 404 for a tool the server has no route for
+        # (xlam_fc has none: it scores the calls), a 422 for bad arguments, a 500 from a handler that raised.
+        return ToolOutput(content=reply.text, state=new_state)
 
     async def verify(self, data: NemoGymTask, messages: Sequence[ChatMessage], state: JSON,
                      ctx: VerifyContext) -> Score:
         server = data.resources_server
-        url, timeout = http.server_url(server, ctx.options), http.timeout_s(ctx.options)
+        timeout = http.timeout_s(ctx.options)
         params = data.gymflow_request
         sent = {**data.row(), "response": responses.response(messages, data.gymflow_prompt_len, params,
                                                               ctx.policy_model)}
@@ -148,11 +198,19 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
         except ValueError as e:
             raise VerifierError(f"the episode cannot be sent as JSON: {e}") from None
         cookies = state.get(STATE_KEY)
+        seeded_on = state.get(INSTANCE_KEY, "")
 
         async def attempt() -> http.Reply:
-            nonlocal cookies
+            nonlocal cookies, seeded_on
+            try:
+                url, instance = await self._endpoint(data, ctx.options)
+            except (ConfigError, managed.ServerCrashed) as e:
+                raise VerifierError(str(e), failure_type=VERIFIER_CRASHED if isinstance(e, managed.ServerCrashed)
+                                    else None) from None
+            if isinstance(cookies, dict) and seeded_on != instance:
+                raise VerifierError(_lost(data, seeded_on, instance), failure_type=VERIFIER_CRASHED)
             if not isinstance(cookies, dict):
-                cookies = await self._seed(data, url, timeout)
+                cookies, seeded_on = await self._seed(data, url, timeout), instance
             return await http.post(url, "/verify", body, cookies, timeout)
 
         try:
@@ -163,6 +221,10 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
         if not 200 <= reply.status < 300:
             raise VerifierError(f"{server}/verify refused the episode (HTTP {reply.status}): {reply.snippet()}")
         return _score(server, reply, sent)
+
+    def close(self) -> None:
+        """Stop the servers this process started (they also stop at exit, or with the process)."""
+        managed.stop_all()
 
     async def validate(self, task: Task) -> Score | None:
         return None  # NeMo Gym rows carry no gold transcript
@@ -182,6 +244,9 @@ def _score(server: str, reply: http.Reply, sent: JSON) -> Score:
     reward = body.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise VerifierError(f"{server}/verify answered no finite number as reward: {str(reward)[:80]}")
+    if not 0.0 <= reward <= 1.0:
+        raise VerifierError(f"{server}/verify answered reward {reward:g}, outside [0, 1]: gymflow records rewards in "
+                            "[0, 1]; check the server's config (a reward scale or penalty setting)")
     if body.get("mask_sample") is True:  # the server says its own infrastructure failed: not a measurement
         reason = f"{body.get('failure_kind') or 'unspecified'}: {str(body.get('failure_reason') or '')[:300]}"
         raise VerifierError(f"{server}/verify masked the sample ({reason})")

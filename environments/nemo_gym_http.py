@@ -116,8 +116,10 @@ def merge_cookies(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, s
     return merged
 
 
-async def post(base_url: str, path: str, body: bytes, cookies: Mapping[str, str], timeout: float) -> Reply:
-    """One POST, bounded in time (connect, each read, and the whole exchange) and in reply size."""
+async def post(base_url: str, path: str, body: bytes, cookies: Mapping[str, str], timeout: float, *,
+               answered: frozenset[int] = frozenset()) -> Reply:
+    """One POST, bounded in time (connect, each read, and the whole exchange) and in reply size. A 5xx or 408/429
+    raises ServerUnavailable unless its status is in `answered` (a tool route's 500 is the model's to see)."""
     where = f"{redact(base_url)}{path}"
     headers = {"Content-Type": "application/json", **_cookie_header(cookies)}
     try:
@@ -137,7 +139,7 @@ async def post(base_url: str, path: str, body: bytes, cookies: Mapping[str, str]
         raise ServerUnavailable(f"{where}: no reply within {timeout:g} s") from None
     except httpx.HTTPError as e:
         raise ServerUnavailable(f"{where}: {type(e).__name__}: {str(e)[:200] or 'connection failed'}") from None
-    if reply.status >= 500 or reply.status in _TRANSIENT_STATUS:
+    if (reply.status >= 500 or reply.status in _TRANSIENT_STATUS) and reply.status not in answered:
         raise ServerUnavailable(f"{where}: HTTP {reply.status}: {reply.snippet()}")
     return reply
 

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -31,7 +36,10 @@ def describe(target: str) -> tuple[str, str]:
 
 @env.command("list")
 @click.option("--paths", is_flag=True, help="Also show each implementation's `module:object`.")
-def list_envs(paths: bool) -> None:
+@click.option("--nemo-gym", "nemo_gym", is_flag=True,
+              help="Also list NeMo Gym's resources servers (the `nemo_gym` environment's catalogue): which this "
+                   "installation can run, why the others cannot, and what each needs.")
+def list_envs(paths: bool, nemo_gym: bool) -> None:
     """List installed environments (entry-point group `gymflow.environments`): where each runs (placement) and
     what it needs beyond gymflow (a sandbox binary, a judge model, data, a server)."""
     from gymflow.environments.registry import available
@@ -40,6 +48,26 @@ def list_envs(paths: bool) -> None:
     for name, target in available().items():
         table.add_row(name, *map(escape, describe(target)), *([escape(target)] if paths else []))
     Console().print(table)
+    if nemo_gym:
+        _list_nemo_gym()
+
+
+def _list_nemo_gym() -> None:
+    from gymflow.environments import nemo_gym_catalogue as catalogue
+
+    try:
+        servers = catalogue.catalogue(catalogue.python())
+    except GymflowError as e:
+        raise click.ClickException(f"NeMo Gym's catalogue: {e}") from None
+    table = Table("NeMo Gym server", "runs here", "needs", "why not", title=f"NeMo Gym ({catalogue.python()})")
+    runnable = 0
+    for name, info in servers.items():
+        runnable += info.refusal is None
+        needs = "; ".join([*(f"pip {r}" for r in info.requirements[:3]), *info.needs]) or "-"
+        table.add_row(name, "yes" if info.refusal is None else "no", escape(needs), escape(info.refusal or ""))
+    Console(width=200).print(table)
+    click.echo(f"{len(servers)} NeMo Gym servers: {runnable} can run here; "
+               "`gymflow env check nemo_gym --server NAME` runs one's example rows")
 
 
 @env.command("new")
@@ -65,12 +93,61 @@ def new_env(name: str, parent: Path) -> None:
 
 @env.command("check")
 @click.argument("name")
-@click.argument("data", type=click.Path(exists=True, dir_okay=False))
+@click.argument("data", type=click.Path(exists=True, dir_okay=False), required=False)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds allowed for each environment call (validate, a tool call, verify).")
-def check_env(name: str, data: str, timeout_s: float) -> None:
+@click.option("--server", "nemo_server", default=None, metavar="NAME",
+              help="nemo_gym only: a NeMo Gym resources server; DATA defaults to its data/example.jsonl, each row "
+                   "sent to it (gymflow starts it unless $GYMFLOW_NEMO_GYM_<NAME>_URL is set).")
+def check_env(name: str, data: str | None, timeout_s: float, nemo_server: str | None) -> None:
     """Check every row of DATA against environment NAME: parse, validate (the gold answer scores 1), a scripted
     episode through the real tool and verify code, and a hostile reply. Reports by line; exit 1 if any fails."""
+    if nemo_server is not None:
+        if name != "nemo_gym":
+            raise click.UsageError("--server is for `gymflow env check nemo_gym`")
+        with _nemo_gym_rows(nemo_server, data) as rows:
+            _check(name, str(rows), timeout_s)
+        return
+    if data is None:
+        raise click.UsageError("missing argument DATA (or, for nemo_gym, --server NAME)")
+    _check(name, data, timeout_s)
+
+
+@contextlib.contextmanager
+def _nemo_gym_rows(server: str, data: str | None) -> Iterator[Path]:
+    """DATA (default: the server's example.jsonl) with `resources_server` set on every row, in a temporary file."""
+    from gymflow.environments import nemo_gym_catalogue as catalogue
+    from gymflow.environments.nemo_gym_http import url_env_var
+
+    source = Path(data) if data else None
+    if source is None:
+        try:
+            info = catalogue.server(server)
+        except GymflowError as e:
+            raise click.ClickException(f"{e}; or give DATA and set {url_env_var(server)}") from None
+        if info.refusal and not os.environ.get(url_env_var(server)):
+            raise click.ClickException(f"NeMo Gym server {server} cannot run here: {info.refusal}")
+        source = info.examples
+        if not source.exists():
+            raise click.ClickException(f"{server} ships no {source}: give DATA")
+    with tempfile.TemporaryDirectory(prefix="gymflow-check-") as tmp:
+        out = Path(tmp) / f"{server}.jsonl"
+        lines = []
+        for n, line in enumerate(source.read_text().splitlines(), 1):
+            if not line.strip():
+                lines.append(line)
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise click.ClickException(f"{source}:{n}: not JSON ({e})") from None
+            lines.append(json.dumps({**row, "resources_server": server}) if isinstance(row, dict) else line)
+        out.write_text("\n".join(lines) + "\n")
+        click.echo(f"checking {source} on NeMo Gym server {server}")
+        yield out
+
+
+def _check(name: str, data: str, timeout_s: float) -> None:
     from gymflow.authoring.checker import check_file
     from gymflow.environments.registry import get_environment
 

@@ -1,0 +1,65 @@
+"""Start one NeMo Gym resources server as NeMo Gym's `ng_run` starts its children. Runs under NeMo Gym's Python.
+
+    python nemo_gym_launch.py SERVER_DIR CONFIG_YAML SERVER PORT PARENT_PID OVERRIDES_JSON
+
+It reads CONFIG_YAML with OmegaConf (as NeMo Gym reads config files), keeps the `resources_servers: SERVER` instance
+(the agents and model servers in the same file are not started), merges OVERRIDES_JSON into that instance's config,
+binds it to 127.0.0.1:PORT, resolves every interpolation (a value nobody set fails here, by name, not mid-run),
+then execs `python app.py` in SERVER_DIR with NEMO_GYM_CONFIG_DICT / NEMO_GYM_CONFIG_PATH set. It dies with the
+process that started it (PR_SET_PDEATHSIG), so a killed env worker leaves no server behind. Exit 3: bad config.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import sys
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        sys.exit(1)
+
+
+def _config(config_path: str, server: str, port: int, overrides: dict) -> tuple:
+    from omegaconf import OmegaConf
+
+    full = OmegaConf.load(config_path)
+    found = [(key, value["resources_servers"]) for key, value in full.items()
+             if hasattr(value, "get") and value.get("resources_servers") is not None
+             and server in value["resources_servers"]]
+    if not found:
+        raise ValueError(f"{config_path}: no `resources_servers: {server}:` instance in it")
+    top, inner = found[0]
+    instance = OmegaConf.merge(inner[server], OmegaConf.create(overrides),
+                               {"host": "127.0.0.1", "port": port})
+    config = OmegaConf.create({"head_server": {"host": "127.0.0.1", "port": 9}, "dry_run": False,
+                               top: {"resources_servers": {server: instance}}})
+    # Interpolations may point at other top-level keys of the same file (`${judge_model_name}`).
+    for key, value in full.items():
+        if key != top and not hasattr(value, "keys"):
+            config[key] = value
+    OmegaConf.to_container(config[top], resolve=True)  # fails now, naming the key nobody set
+    return str(top), OmegaConf.to_yaml(config)
+
+
+def main() -> None:
+    server_dir, config_path, server, port, parent_pid, overrides = sys.argv[1:7]
+    _die_with_parent(int(parent_pid))
+    try:
+        top, config_yaml = _config(config_path, server, int(port), json.loads(overrides))
+    except Exception as e:  # any config problem: one line for the manager to show
+        print(f"gymflow-nemo-gym-launch: config error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        sys.exit(3)
+    os.environ["NEMO_GYM_CONFIG_DICT"] = config_yaml
+    os.environ["NEMO_GYM_CONFIG_PATH"] = top
+    os.chdir(server_dir)
+    os.execv(sys.executable, [sys.executable, "app.py"])
+
+
+if __name__ == "__main__":
+    main()
