@@ -184,15 +184,20 @@ async def test_recorded_rollouts_score_as_nemo_gym_scored_them(servers: dict[str
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(url_env_var(server), servers[server])
     recorded = float(rollout["reward"])
+    tries = []
     for _ in range(SLOW_SYMPY_TRIES):
         direct = await _direct(servers[server], task, rollout["response"])
         reward, tool_outputs = await _through_adapter(server, task, rollout["response"])
+        tries.append((direct, reward))
         if direct == reward == recorded:
             break
-    assert reward == direct  # the adapter agrees with the server driven directly...
-    if direct != recorded and server == "math_with_judge":  # ...which, too slow under load, can disagree with itself
-        pytest.xfail(f"{server} itself now scores {direct}, recorded {recorded}: math-verify's 5 s SymPy limit "
-                     f"ran out {SLOW_SYMPY_TRIES} times on a loaded machine")
+    if (direct, reward) != (recorded, recorded) and server == "math_with_judge":
+        # math-verify's 5 s SymPy limit can run out on a loaded machine, on either path, in any try: the
+        # server then scores 0 where it recorded 1. Only that is excused; any other disagreement fails.
+        assert all(score in (recorded, 0.0) for pair in tries for score in pair), tries
+        pytest.xfail(f"{server} scored {tries} over {len(tries)} tries, recorded {recorded}: math-verify's 5 s "
+                     f"SymPy limit ran out on a loaded machine")
+    assert reward == direct  # the adapter agrees with the server driven directly
     assert reward == recorded
     # The tools ran on the server: their outputs equal the recorded ones (as JSON; spacing differs by version).
     expected = [json.loads(o["output"]) for o in rollout["response"]["output"] if o["type"] == "function_call_output"]
