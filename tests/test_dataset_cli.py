@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -23,11 +24,14 @@ async def test_malformed_line_is_reported_and_the_rest_runs(gf, scripted, sql, r
     path.write_text("\n".join([good[0], '{"responses_create_params": {"input": "unterminated', bad_row, good[1]]))
     cmd = [sys.executable, "-m", "gymflow.cli.main", "collect", str(path), "--env", "single_tool", "-n", "1",
            "--run-id", run_id, "--config", str(config_file)]
-    env = {**os.environ, "COLUMNS": "200"}
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # a pipe, as in a log file
     proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, cwd=ROOT, env=env,
                                    timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
+    # The progress line whole: off a terminal rich would cut it at 80 columns (`mean rew…`).
+    progress = next(line for line in out.splitlines() if "2/2" in line)
+    assert re.search(r"mean reward \d\.\d{3} \d+:\d\d:\d\d$", progress) and "…" not in progress, progress
     assert f"{path}:2: invalid JSON" in out
     assert f"{path}:3: responses_create_params.input: required" in out
     assert sql("SELECT task_id, status FROM rollouts WHERE run_id = %s ORDER BY task_id", run_id) == [

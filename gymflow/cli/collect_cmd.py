@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
 from gymflow.cli.probe import judge_models, probe_models
-from gymflow.cli.progress import Tally, progress_bar, summary_table
+from gymflow.cli.progress import Tally, log_console, progress_bar, summary_table
 from gymflow.client import GymflowClient, check_collectable
 from gymflow.data.datasets import grouped, load_jsonl
 from gymflow.kernel.config import Settings
@@ -32,7 +32,7 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
                           sampling: SamplingParams | None = None, max_turns: int | None = None,
                           retry_failed: bool = False, max_in_flight: int = 1000,
                           console: Console | None = None, probe: bool = True) -> Tally:
-    console = console or Console()
+    console = log_console(console)
     tasks, errors = load_jsonl(dataset, env=env)
     for line in grouped(errors):  # one line per kind of mistake, not one per row
         console.print(f"[red]skipped[/red] {escape(line)}", highlight=False)

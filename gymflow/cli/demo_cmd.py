@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -38,7 +37,6 @@ MESSAGE_LINES = 6
 ARGS_CHARS = 200
 # Off a terminal (a log, a pipe, CI) rich lays out at 80 columns and cuts the progress line there; nothing reads a
 # log at a width, so no cut at all, in effect. At a terminal its width holds.
-LOG_WIDTH = 1000
 
 __all__ = ["LOCAL_MAX_TOKENS", "demo", "next_steps", "transcript_lines"]
 
@@ -82,16 +80,9 @@ async def _collect_when_polled(settings: Settings, procs: Sequence[subprocess.Po
     console.print("waiting for the worker pools to start polling")
     await wait_for_pools(settings, procs, "policy")
     tally = await collect_dataset(settings, dataset, env=env_name, model="policy", n=n, run_id=f"demo-{env_name}",
-                                  console=_log_wide(console))
+                                  console=console)
     await _afterword(settings, f"demo-{env_name}", console)
     return tally
-
-
-def _log_wide(console: Console) -> Console:
-    """`console`, or off a terminal (and with no $COLUMNS asking for a width) one that cuts no line."""
-    if console.is_terminal or os.environ.get("COLUMNS"):
-        return console
-    return Console(width=LOG_WIDTH)
 
 
 def _abbreviate(text: str, chars: int, lines: int = MESSAGE_LINES) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,6 +55,18 @@ class Tally:
     def line(self) -> str:
         mean = f"{self.mean_reward:.3f}" if self.mean_reward is not None else "-"
         return (f"failed {self.failed}  masked {self.masked}  {self.rate:.1f}/s  mean reward {mean}")
+
+
+LOG_WIDTH = 1000  # off a terminal (a log file, a pipe): wide enough that no progress or summary line is cut
+
+
+def log_console(console: Console | None = None) -> Console:
+    """`console` (or a new one) at a terminal or where $COLUMNS asks for a width; off a terminal, one that cuts no
+    line (rich would wrap at 80 columns)."""
+    console = console or Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(file=console.file, width=max(console.width, LOG_WIDTH), highlight=False)
 
 
 def progress_bar(console: Console) -> Progress:
