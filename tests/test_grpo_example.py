@@ -1,6 +1,6 @@
 """examples/grpo_local.py: the update math on a tiny model (fast), then the whole loop for 2 steps on the real
 stack with the real local model (slow): versions advance, the generate pool stamps both on its turns, the
-weights move, the curve is plotted. Also `gymflow demo` with no model configured runs the local model."""
+weights move, the curve is plotted (`gymflow demo` on the local model: tests/test_newcomer.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import yaml
-from gymflow.workers.local_stack import free_port
 
 from tests.conftest import ROOT
 
@@ -126,24 +125,3 @@ def test_grpo_example_two_steps(tmp_path):
     png = out / "reward_per_step.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (out / "weights").iterdir()) == ["v2"]  # older checkpoints removed
-
-
-@pytest.mark.slow
-@pytest.mark.integration
-@pytest.mark.timeout(600)
-def test_demo_defaults_to_the_local_model(tmp_path):
-    """The README's first command: `gymflow demo` with no model configured serves SmolLM2 and collects."""
-    if reason := _skip_reason():
-        pytest.skip(reason)
-    os.chmod(tmp_path, 0o755)
-    config = tmp_path / "gymflow.yaml"
-    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"),
-                                      "temporal": {"port": free_port(), "ui_port": free_port()}}))
-    done = subprocess.run([sys.executable, "-m", "gymflow.cli.main", "demo", "-n", "1", "--config", str(config)],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=540)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-6000:]
-    assert "starting the local model" in out and "mean reward" in out, out[-6000:]
-    written = yaml.safe_load((tmp_path / "state" / "demo-config.yaml").read_text())
-    policy = written["models"]["policy"]
-    assert policy["model"] == "SmolLM2-135M-Instruct" and policy["return_token_ids"] and policy["logprobs"]
