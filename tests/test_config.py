@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gymflow.kernel.config import load_settings, settings_from_mapping
+from gymflow.kernel.config import config_path, load_settings, settings_from_mapping
 from gymflow.kernel.errors import ConfigError
 
 
@@ -72,3 +72,12 @@ def test_example_config_loads():
 
     s = load_settings(ROOT / "gymflow.example.yaml", env={})
     assert s.models["policy"].api_key_env == "OPENAI_API_KEY" and s.temporal.address is None
+
+
+def test_an_empty_gymflow_config_variable_is_unset(tmp_path, monkeypatch):
+    """`GYMFLOW_CONFIG= gymflow demo` read "." (a directory) and stopped; empty means not set."""
+    monkeypatch.chdir(tmp_path)
+    assert config_path(env={"GYMFLOW_CONFIG": ""}) is None
+    (tmp_path / "gymflow.yaml").write_text("state_dir: here\n")
+    assert config_path(env={"GYMFLOW_CONFIG": ""}) == "gymflow.yaml"
+    assert load_settings(env={"GYMFLOW_CONFIG": ""}).state_dir.name == "here"

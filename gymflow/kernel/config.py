@@ -199,7 +199,7 @@ def settings_from_mapping(raw: dict[str, Any], source: str = "<config>", env: di
 def config_path(path: str | Path | None = None, env: dict[str, str] | None = None) -> str | Path | None:
     """The config file `load_settings` reads: `path`, `$GYMFLOW_CONFIG`, else the first default that exists."""
     environ = os.environ if env is None else env
-    candidate = path or environ.get("GYMFLOW_CONFIG")
+    candidate = path or environ.get("GYMFLOW_CONFIG") or None  # set but empty (`GYMFLOW_CONFIG=`): unset
     return candidate if candidate is not None else next((p for p in DEFAULT_CONFIG_PATHS if Path(p).exists()), None)
 
 
