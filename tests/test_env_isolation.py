@@ -69,6 +69,16 @@ async def _full(procs: EnvProcesses) -> set[int]:
     raise AssertionError("the pool did not get back to full size")
 
 
+async def _ready(procs: EnvProcesses) -> set[int]:
+    """`_full`, with the hostile environment imported in every process: loading it is untimed by a call's limit
+    (LOAD_TIMEOUT_S), and on a loaded 2-core box an import in a fresh process alone takes seconds."""
+    pids = await _full(procs)
+    task = hostile_task()
+    for proc in list(procs._procs):  # noqa: SLF001 - nothing else calls meanwhile
+        assert await procs._load(proc, task, OPTIONS["memory_mb"]) is None  # noqa: SLF001
+    return pids
+
+
 async def _gone(pid: int) -> bool:
     for _ in range(100):
         try:
@@ -110,7 +120,7 @@ async def test_a_catastrophic_regex_in_a_workplace_tool_returns_at_once(procs):
 ])
 async def test_a_hostile_tool_ends_typed_within_its_limit_and_its_process_is_replaced(procs, tool, args,
                                                                                       expected):
-    before = await _full(procs)
+    before = await _ready(procs)
     started = time.monotonic()
     res = await _tool(procs, _call(tool, **args))
     elapsed = time.monotonic() - started
@@ -258,7 +268,7 @@ def _ctx() -> VerifyContext:
 ])
 async def test_a_verifier_past_its_limits_masks_the_rollout(procs, how, failure_type, says):
     task = hostile_task(verify=how)
-    await _full(procs)  # the replacement of an earlier test's process is up: only this call is timed
+    await _ready(procs)  # the replacement of an earlier test's process is up and loaded: only this call is timed
     started = time.monotonic()
     score = await verify_episode(get_environment(NAME), None, [], {}, _ctx(), task, procs)
     assert time.monotonic() - started < LIMIT_S + MARGIN_S
