@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,13 +13,15 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay
 
 from gymflow.kernel import backoff
 from gymflow.kernel.errors import STORE_UNAVAILABLE, GymflowError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-MIGRATION_LOCK_TIMEOUT_S = 60
+# One attempt's wait for a lock (the advisory lock below, or a table's): migrate_when_reachable retries while the
+# holder works, so a wait that would outlast the startup bound is seen, and its holder named, before it ends.
+MIGRATION_LOCK_TIMEOUT_S = 10
 _MIGRATION_LOCK = 7_734_501  # pg advisory lock id: several pools may start at once
 # OperationalErrors that waiting will not fix: say so at once instead of retrying for minutes.
 _PERMANENT = ("authentication failed", "does not exist", "no pg_hba.conf entry", "role ", "ssl")
@@ -33,13 +36,18 @@ def sqlalchemy_url(url: str) -> str:
     raise ValueError(f"DATABASE_URL must be a postgresql:// URL, got scheme {url.split(':', 1)[0]!r}")
 
 
+def application_name(role: str = "") -> str:
+    """What pg_stat_activity shows for our connections: whose they are, so a lock's holder can be named."""
+    return f"gymflow{' ' + role if role else ''} (pid {os.getpid()})"
+
+
 def make_engine(url: str, pool_size: int = 10, pre_ping: bool = True) -> AsyncEngine:
     """`pre_ping=False` saves a round trip per checkout; only for callers that retry every statement on a
     connection error (the activities do, activities/boundary.py `retry_store`): after a Postgres restart the
     first use of a stale connection fails, the pool drops it, and the retry gets a fresh one."""
     return create_async_engine(
         sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping,
-        pool_timeout=30, connect_args={"connect_timeout": 10},
+        pool_timeout=30, connect_args={"connect_timeout": 10, "application_name": application_name()},
     )
 
 
@@ -53,6 +61,8 @@ def database_location(url: str) -> str:
         u = sa.engine.make_url(sqlalchemy_url(url))
     except Exception:  # noqa: BLE001 - a malformed URL must not leak into a log either
         return "<unparseable DATABASE_URL>"
+    if u.host is None and isinstance(u.query.get("host"), str):  # a Unix socket (`?host=/dir`, as embedded)
+        return f"{u.query['host']}/{u.database or ''}"
     return f"{u.host or 'localhost'}:{u.port or 5432}/{u.database or ''}"
 
 
@@ -62,22 +72,66 @@ class DatabaseUnreachable(GymflowError):
     failure_type = STORE_UNAVAILABLE
 
 
-def migrate(url: str) -> None:
-    """Apply alembic migrations to head, serialised across processes by an advisory lock."""
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    # connect_timeout: a host that drops packets fails one attempt in 10 s instead of the OS's minutes.
-    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 10})
+class MigrationLockBusy(GymflowError):
+    """A lock the migration needs (the migration lock itself, or a table's) was held past one attempt's wait."""
+
+    failure_type = STORE_UNAVAILABLE
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+_LOCK_HOLDERS = sa.text("""
+    SELECT a.pid, a.application_name, a.state, extract(epoch FROM now() - a.xact_start) AS held_s,
+           left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 120) AS query
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.granted AND a.pid <> pg_backend_pid() AND l.locktype = 'advisory' AND l.classid = 0 AND l.objid = :k""")
+
+
+def _lock_holder(engine: sa.Engine) -> str:
+    """Who holds the migration lock, in words (best effort, never raises)."""
     try:
-        with engine.begin() as conn:
-            # Every wait ends: a lock held by a stuck peer fails this attempt (and migrate_when_reachable retries,
-            # bounded) instead of hanging a worker or a client at start.
-            conn.execute(sa.text(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'"))
-            conn.execute(sa.text(f"SET LOCAL statement_timeout = '{2 * MIGRATION_LOCK_TIMEOUT_S}s'"))
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS))
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            conn.execute(sa.text("SET statement_timeout = '5s'"))
+            rows = conn.execute(_LOCK_HOLDERS, {"k": _MIGRATION_LOCK}).all()
+    except sa.exc.SQLAlchemyError:
+        return "a holder that could not be named"
+    if not rows:
+        return "a holder that has let go since"
+    return "; ".join(f"pid {r.pid} ({r.application_name or 'no application name'}), {r.state or 'state unknown'}"
+                     f"{f' in a transaction open {r.held_s:.0f} s' if r.held_s is not None else ''}"
+                     f"{f', last statement: {r.query}' if r.query else ''}" for r in rows)
+
+
+def migrate(url: str, lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S) -> None:
+    """Apply alembic migrations to head, serialised across processes by an advisory lock; a lock not had within
+    `lock_timeout_s` raises MigrationLockBusy, naming its holder."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    me = application_name("migrate")
+    # connect_timeout: a host that drops packets fails one attempt in 10 s instead of the OS's minutes.
+    engine = sa.create_engine(sqlalchemy_url(url), poolclass=sa.pool.NullPool,
+                              connect_args={"connect_timeout": 10, "application_name": me})
+    locked = False
+    try:
+        try:
+            with engine.begin() as conn:
+                # Every wait ends: a lock held by a stuck peer fails this attempt (and migrate_when_reachable
+                # retries, bounded) instead of hanging a worker or a client at start.
+                conn.execute(sa.text(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'"))
+                conn.execute(sa.text(f"SET LOCAL statement_timeout = '{12 * MIGRATION_LOCK_TIMEOUT_S}s'"))
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+                locked = True
+                cfg = Config()
+                cfg.set_main_option("script_location", str(MIGRATIONS))
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        except sa.exc.OperationalError as err:
+            if getattr(err.orig, "sqlstate", None) != "55P03":  # lock_not_available: a lock wait ran out
+                raise
+            if locked:  # a table's lock, held by a connection outside the migrations (a long transaction)
+                raise MigrationLockBusy("another connection's transaction on a table the migration changes") from None
+            raise MigrationLockBusy(_lock_holder(engine)) from None
     finally:
         engine.dispose()
 
@@ -91,20 +145,30 @@ def is_unreachable(err: BaseException) -> bool:
 
 
 async def migrate_when_reachable(url: str, *, wait_s: float, on_wait: Callable[[str], None] | None = None,
-                                 max_backoff_s: float = 5.0) -> None:
+                                 max_backoff_s: float = 5.0, lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S
+                                 ) -> None:
     """`migrate`, retrying while Postgres is unreachable for up to `wait_s` (a worker or client may start
     before the database does). Each retry is announced through `on_wait` (default: a log warning) with
     host:port only. Cancellable between attempts; each attempt is bounded by connect_timeout."""
     notify = on_wait or log.warning
     where = database_location(url)
     started = time.monotonic()
+
+    def waiting(rs: RetryCallState) -> None:
+        err = rs.outcome.exception() if rs.outcome else None
+        why = f"its migration lock held by {err.holder}" if isinstance(err, MigrationLockBusy) else "unreachable"
+        notify(f"Postgres at {where}: {why}, retrying (since {rs.seconds_since_start:.0f} s)")
+
     try:
         await AsyncRetrying(
-            retry=retry_if_exception(is_unreachable), stop=stop_after_delay(wait_s), reraise=True,
-            wait=backoff.until(wait_s, max_backoff_s),
-            before_sleep=lambda rs: notify(f"Postgres at {where} unreachable, retrying "
-                                           f"(since {rs.seconds_since_start:.0f} s)"),
-        )(asyncio.to_thread, migrate, url)
+            retry=retry_if_exception(lambda e: isinstance(e, MigrationLockBusy) or is_unreachable(e)),
+            stop=stop_after_delay(wait_s), reraise=True, wait=backoff.until(wait_s, max_backoff_s),
+            before_sleep=waiting,
+        )(asyncio.to_thread, migrate, url, lock_timeout_s)
+    except MigrationLockBusy as err:
+        raise MigrationLockBusy(
+            f"Postgres at {where}: the schema migration waited {time.monotonic() - started:.0f} s for a lock held by "
+            f"{err.holder}; stop that process or let it finish") from None
     except sa.exc.OperationalError as err:
         if not is_unreachable(err):
             raise
