@@ -81,7 +81,7 @@ class EnvActivities:
         self._models = models
         self._env_options = env_options or {}
 
-    def _judge_chat(self, task_id: str) -> ChatFn | None:
+    def _judge_chat(self, task_id: str, sample: int = 0) -> ChatFn | None:
         """A judge for one episode: live models by name, or a recorded model's recorded verdicts."""
         models = self._models
         if models is None:
@@ -91,7 +91,7 @@ class EnvActivities:
         async def chat(model: str, messages: Sequence[ChatMessage]) -> str:
             cfg = models.config(model)
             if cfg.recorded:
-                replay = replays.setdefault(model, recorded(cfg.recorded).judge(task_id))
+                replay = replays.setdefault(model, recorded(cfg.recorded).judge(task_id, sample))
                 return await replay(model, messages)
             return await models.chat(model, messages)
 

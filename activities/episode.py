@@ -86,6 +86,7 @@ from gymflow.kernel.wire import (
     ToolSpec,
     Usage,
     not_run_message,
+    sample_index_of,
 )
 
 # Tasks are immutable per (run, task id): cache them per worker process. The samples of a task (GRPO's group)
@@ -337,8 +338,8 @@ class EpisodeActivities:
         started = time.monotonic()
         policy = await _POLICIES.current(req.model, self._read_policy)  # current as the request goes out
         if cfg.recorded:
-            message, finish, usage, tokens = recorded(cfg.recorded).turn(req.task_id, req.turn), "recorded", \
-                Usage(), {}
+            replayed = recorded(cfg.recorded).turn(req.task_id, req.turn, sample_index_of(req.rollout_id))
+            message, finish, usage, tokens = replayed, "recorded", Usage(), {}
         else:
             tools = await self._tools(task, req.run_id)
             body = request_body(cfg, GenerateRequest(rollout_id=req.rollout_id, task_id=req.task_id,
@@ -494,7 +495,8 @@ class EpisodeActivities:
         task = await self._task(req.summary.run_id, req.summary.task_id)
         with boundary("environment", f"{task.env} verify"):
             env = get_environment(task.env)
-            ctx = VerifyContext(policy_model=req.model, chat=self._judges._judge_chat(task.id),  # noqa: SLF001
+            judge = self._judges._judge_chat(task.id, req.summary.sample_index)  # noqa: SLF001
+            ctx = VerifyContext(policy_model=req.model, chat=judge,
                                 options=dict(self._env_options.get(task.env, {})))
             return await verify_episode(env, None, _chat(chain), copy.deepcopy(latest_state(chain)), ctx, task,
                                         self._processes)

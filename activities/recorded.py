@@ -2,7 +2,9 @@
 
 The episode still runs through our workflow, tools and verifier; only the model's words are recorded.
 Rows are keyed by the task ids `load_jsonl` gives the same file, so a rollout file works as the dataset
-and as the model at once. Recorded judge answers (`judge_evaluations`) are replayed the same way.
+and as the model at once. A task with several recorded samples (NeMo Gym's `_ng_rollout_index`) replays its
+k-th recorded sample, in index order, as sample k. Recorded judge answers (`judge_evaluations`) are replayed
+the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.failures import RECORDING_EXHAUSTED
+from gymflow.kernel.recorded_ids import default_task_id, recorded_sample
 from gymflow.kernel.wire import ChatMessage, FunctionCall, ToolCall
 
 
@@ -63,29 +66,35 @@ def _judge_answers(row: dict[str, Any]) -> list[str]:
 class RecordedRollouts:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._rows: dict[str, dict[str, Any]] = {}
+        found: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         with self.path.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, start=1):
                 if line.strip():
                     row = json.loads(line)
-                    self._rows[str(row.get("id", f"{self.path.stem}-{lineno}"))] = row
+                    task_id = str(row.get("id", default_task_id(self.path.stem, lineno, row)))
+                    found.setdefault(task_id, []).append((recorded_sample(row) or 0, row))
+        # Sample k of a task: its k-th recorded rollout by sample index (sort is stable: file order for ties).
+        self._rows = {task_id: [row for _, row in sorted(rows, key=lambda r: r[0])] for task_id, rows in found.items()}
 
-    def _row(self, task_id: str) -> dict[str, Any]:
-        try:
-            return self._rows[task_id]
-        except KeyError:
+    def _row(self, task_id: str, sample: int = 0) -> dict[str, Any]:
+        rows = self._rows.get(task_id)
+        if rows is None:
             raise GymflowError(f"{self.path}: no recorded rollout for task {task_id!r}",
-                               failure_type=RECORDING_EXHAUSTED) from None
+                               failure_type=RECORDING_EXHAUSTED)
+        if sample >= len(rows):
+            raise GymflowError(f"{self.path}: task {task_id!r} has {len(rows)} recorded sample(s), asked for sample "
+                               f"{sample}", failure_type=RECORDING_EXHAUSTED)
+        return rows[sample]
 
-    def turn(self, task_id: str, turn: int) -> ChatMessage:
-        turns = split_turns(self._row(task_id).get("response", {}).get("output") or [])
+    def turn(self, task_id: str, turn: int, sample: int = 0) -> ChatMessage:
+        turns = split_turns(self._row(task_id, sample).get("response", {}).get("output") or [])
         if turn >= len(turns):
             raise GymflowError(f"{self.path}: task {task_id!r} has {len(turns)} recorded turns, asked for turn "
                                f"{turn + 1}", failure_type=RECORDING_EXHAUSTED)
         return turns[turn]
 
-    def judge(self, task_id: str) -> RecordedJudge:
-        return RecordedJudge(_judge_answers(self._row(task_id)))
+    def judge(self, task_id: str, sample: int = 0) -> RecordedJudge:
+        return RecordedJudge(_judge_answers(self._row(task_id, sample)))
 
 
 class RecordedJudge:

@@ -17,6 +17,21 @@ ENVS = {"example_single_tool_call": "single_tool", "math_with_judge": "math_with
 TERMINUS = Path(__file__).parent / "data" / "nemo_gym" / "math_with_judge" / "example_rollouts_terminus_2.jsonl"
 
 
+# Recorded samples of one task: the Terminus-2 rollout of task 0 (answer 32, reward 1) with its answer changed to 33
+# (reward 0), then task 4's one rollout (reward 0), then task 0's as recorded. No `_ng_*` keys or replay fields:
+# `gymflow data join` alone makes the file replayable (task 0's rollouts become its samples 0 and 1).
+SAMPLES = "math_with_judge_terminus_samples"
+
+
+def _samples_rollouts(path: Path) -> Path:
+    rows = {r["_ng_task_index"]: r for r in map(json.loads, TERMINUS.read_text().splitlines())}
+    bare = [{k: v for k, v in rows[i].items() if not k.startswith("_ng_")} for i in (0, 4)]
+    wrong = json.loads(json.dumps(bare[0]).replace("boxed{32}", "boxed{33}"))
+    path.write_text("".join(json.dumps({**r, "reward": reward}) + "\n"
+                            for r, reward in ((wrong, 0.0), (bare[1], 0.0), (bare[0], 1.0))))
+    return path
+
+
 def recorded_model(folder: str) -> str:
     return f"recorded_{folder}"
 
@@ -26,15 +41,15 @@ def build(out_dir: Path) -> dict[str, Path]:
     from tests.workplace_gold import GOLD_FOR_ROLLOUTS
 
     files = {}
+    files[SAMPLES] = out_dir / f"{SAMPLES}.jsonl"
+    assert join_rollouts(_samples_rollouts(out_dir / "samples-recorded.jsonl"), None, files[SAMPLES]) == (3, [])
     for folder in ENVS:
         if folder == "math_with_judge_terminus":
+            # No task file: `join` alone gives these rows what the replay needs (the prompt as `question`, the
+            # completion tool their agent ended with, the judge off as recorded).
             out = files[folder] = out_dir / f"{folder}.jsonl"
-            rows = [json.loads(line) for line in TERMINUS.read_text().splitlines()]
-            # The task field these rows lack is the prompt itself (NeMo Gym's verifier reads only expected_answer);
-            # completion_tool offers the tool their agent ended with.
-            rows = [{**r, "question": r["responses_create_params"]["input"][0]["content"], "should_use_judge": False,
-                     "completion_tool": True} for r in rows]
-            out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            written, unmatched = join_rollouts(TERMINUS, None, out)
+            assert (written, unmatched) == (5, [])
             continue
         out = out_dir / f"{folder}.jsonl"
         data = SHARED / folder

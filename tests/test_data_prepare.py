@@ -158,8 +158,10 @@ def test_join_skips_bad_lines_reports_them_and_fails(tmp_path):
     assert f"{tasks}:2: invalid JSON" in result.output and f"{tasks}:3: responses_create_params.input" in result.output
     assert f"{rollouts}:7: no task in {tasks} has this conversation" in result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert rows == [{"responses_create_params": {"input": "q1"}, "gold": 1, "reward": 1},
-                    {"responses_create_params": {"input": "q2"}}]
+    # Numbered as NeMo Gym numbers tasks (the task's index in its file; a row with no task after them) and samples.
+    assert rows == [{"responses_create_params": {"input": "q1"}, "gold": 1, "reward": 1, "_ng_task_index": 0,
+                     "_ng_rollout_index": 0},
+                    {"responses_create_params": {"input": "q2"}, "_ng_task_index": 1, "_ng_rollout_index": 0}]
 
 
 def test_join_never_writes_onto_an_input(tmp_path):

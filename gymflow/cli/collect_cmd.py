@@ -33,7 +33,11 @@ async def collect_dataset(settings: Settings, dataset: str, *, env: str | None, 
                           retry_failed: bool = False, max_in_flight: int = 1000,
                           console: Console | None = None, probe: bool = True) -> Tally:
     console = log_console(console)
-    tasks, errors = load_jsonl(dataset, env=env)
+    recorded: dict[str, int] = {}
+    tasks, errors = load_jsonl(dataset, env=env, samples=recorded)
+    if recorded and max(recorded.values()) > n:  # a rollout file with repeats, collected with fewer samples
+        console.print(f"note: {dataset} holds up to {max(recorded.values())} recorded samples per task; -n {n} "
+                      f"replays the first {n} of each", highlight=False)
     for line in grouped(errors):  # one line per kind of mistake, not one per row
         console.print(f"[red]skipped[/red] {escape(line)}", highlight=False)
     if not tasks:

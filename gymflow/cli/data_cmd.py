@@ -58,12 +58,13 @@ def prepare_cmd(file: str, env_name: str, out: str | None) -> None:
 
 @data.command("join")
 @click.argument("rollouts", type=click.Path(exists=True, dir_okay=False))
-@click.option("--tasks", type=click.Path(exists=True, dir_okay=False), required=True,
-              help="The task file the rollouts were made from.")
+@click.option("--tasks", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The task file the rollouts were made from (its fields the rollout rows lack are added).")
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
-def join_cmd(rollouts: str, tasks: str, out: str) -> None:
-    """Add each recorded rollout's task fields (matched by conversation) so it can be replayed and scored.
-    Bad lines of either file are reported and skipped; the exit status is then 1."""
+def join_cmd(rollouts: str, tasks: str | None, out: str) -> None:
+    """Make a NeMo Gym rollout file replayable and scorable: each row gets its task's fields (matched by
+    conversation, with --tasks) and what the replay needs, and the samples of one task are numbered so they load as
+    its recorded samples. Bad lines of either file are reported and skipped; the exit status is then 1."""
     from gymflow.data.datasets import grouped
     from gymflow.data.prepare import join
 
@@ -78,6 +79,7 @@ def join_cmd(rollouts: str, tasks: str, out: str) -> None:
     for line in report.unmatched:
         click.echo(f"{rollouts}:{line}: no task in {tasks} has this conversation", err=True)
     joined = report.written - len(report.unmatched)
-    click.echo(f"{report.written} rows -> {out} ({joined} joined, {report.bad_lines} bad lines skipped)")
+    how = f"{joined} joined" if tasks else "no --tasks: fields as recorded"
+    click.echo(f"{report.written} rows -> {out} ({how}, {report.bad_lines} bad lines skipped)")
     if report.errors:
         raise SystemExit(1)

@@ -27,6 +27,7 @@ from gymflow.kernel.limits import (
     MAX_TASK_BYTES,
     MAX_TASK_ID_BYTES,
 )
+from gymflow.kernel.recorded_ids import NG_ROLLOUT_INDEX, default_task_id, recorded_sample
 from gymflow.kernel.responses_format import input_to_messages, sampling_from, tool_to_spec, validation_message
 from gymflow.kernel.wire import ChatMessage, Task
 
@@ -383,7 +384,7 @@ def iter_tasks(path: str | Path, *, env: str | None, errors: ErrorLog) -> Iterat
     p = Path(path)
     for row in read_rows(p, errors):
         try:
-            yield row, row_to_task(row.value, env=env, default_id=f"{p.stem}-{row.line}")
+            yield row, row_to_task(row.value, env=env, default_id=default_task_id(p.stem, row.line, row.value))
         except TaskError as e:
             errors.add(DatasetError(str(p), row.line, str(e)))
 
@@ -396,12 +397,25 @@ def duplicate(seen: dict[str, int], task_id: str, line: int) -> str | None:
     return None
 
 
-def load_jsonl(path: str | Path, *, env: str | None) -> tuple[list[Task], list[DatasetError]]:
-    """Parse every line; bad lines become `DatasetError`s (file, line, field) and the rest still load."""
+def load_jsonl(path: str | Path, *, env: str | None, samples: dict[str, int] | None = None
+               ) -> tuple[list[Task], list[DatasetError]]:
+    """Parse every line; bad lines become `DatasetError`s (file, line, field) and the rest still load.
+
+    Rows of one task id that carry distinct sample indices (a NeMo Gym rollout file with several samples per task)
+    are one task, its recorded samples, not duplicates; `samples`, when given, gets each such task's count."""
     errors = ErrorLog(str(path))
     tasks: list[Task] = []
     seen: dict[str, int] = {}
+    recorded: dict[str, dict[int, int]] = {}  # task id -> recorded sample index -> its line
+    first: dict[str, Task] = {}
     for row, task in iter_tasks(path, env=env, errors=errors):
+        sample = recorded_sample(row.value)
+        if task.id in recorded and sample is not None:  # a further sample of a task already loaded
+            if problem := _sample_problem(first[task.id], task, sample, recorded[task.id], seen[task.id]):
+                errors.add(DatasetError(str(path), row.line, problem))
+            else:
+                recorded[task.id][sample] = row.line
+            continue
         problem = duplicate(seen, task.id, row.line)
         if problem is None and env:  # a row another environment fits better (its own checks run in the rollout)
             problem = route_problem(env, task, check_target=False, row=row.value)
@@ -409,4 +423,17 @@ def load_jsonl(path: str | Path, *, env: str | None) -> tuple[list[Task], list[D
             errors.add(DatasetError(str(path), row.line, problem))
         else:
             tasks.append(task)
+            if sample is not None:
+                recorded[task.id], first[task.id] = {sample: row.line}, task
+    if samples is not None:
+        samples.update({task_id: len(lines) for task_id, lines in recorded.items()})
     return tasks, errors.errors
+
+
+def _sample_problem(first: Task, task: Task, sample: int, lines: dict[int, int], first_line: int) -> str | None:
+    if sample in lines:
+        return f"{NG_ROLLOUT_INDEX}: sample {sample} of task {task.id!r} repeats line {lines[sample]}"
+    if (task.env, task.messages, task.tools) != (first.env, first.messages, first.tools):
+        return (f"id: {task.id!r}: sample {sample}'s prompt differs from line {first_line}'s (the samples of one "
+                "task share its prompt and tools)")
+    return None

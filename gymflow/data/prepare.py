@@ -18,6 +18,7 @@ from gymflow.data.datasets import DatasetError, ErrorLog, check_value, duplicate
 from gymflow.data.routing import route_problem
 from gymflow.environments.registry import get_environment
 from gymflow.kernel.errors import GymflowError, TaskError
+from gymflow.kernel.recorded_ids import NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 
 @dataclass
@@ -151,27 +152,81 @@ def _keyed_rows(path: Path, errors: ErrorLog) -> Iterator[tuple[int, str, dict[s
             errors.add(DatasetError(str(path), row.line, str(e)))
 
 
-def join(rollouts: str | Path, tasks: str | Path, out: str | Path) -> JoinReport:
-    """Give each recorded rollout row the verifier fields of its task (NeMo Gym rollout files omit some,
-    e.g. `exp_cal_state`), matched by conversation. Bad lines of either file are reported and skipped."""
-    rollouts, tasks, target = Path(rollouts), Path(tasks), Path(out)
-    refuse_to_overwrite([rollouts, tasks], target)
-    task_errors, rollout_errors, report = ErrorLog(str(tasks)), ErrorLog(str(rollouts)), JoinReport()
-    index = {key: row for _, key, row in _keyed_rows(tasks, task_errors)}
+def join(rollouts: str | Path, tasks: str | Path | None, out: str | Path) -> JoinReport:
+    """Make a NeMo Gym rollout file replayable: give each recorded rollout row the verifier fields of its task
+    (rollout files omit some, e.g. `exp_cal_state`), matched by conversation, and the fields our replay needs
+    that NeMo Gym keeps elsewhere (`_replay_fields`). The samples of one task share its id or task index and are
+    numbered (`_ng_rollout_index`), so they load as one task's recorded samples, not as duplicates. Without
+    `tasks`, rows keep only what they recorded. Bad lines of either file are reported and skipped."""
+    rollouts, target = Path(rollouts), Path(out)
+    task_file = Path(tasks) if tasks is not None else None
+    refuse_to_overwrite([rollouts, *([task_file] if task_file else [])], target)
+    task_errors = ErrorLog(str(task_file)) if task_file else None
+    rollout_errors, report = ErrorLog(str(rollouts)), JoinReport()
+    # conversation -> (the task's index in its file, the task row): NeMo Gym's `_ng_task_index` is that index.
+    index: dict[str, tuple[int, dict[str, Any]]] = {}
+    if task_file is not None and task_errors is not None:
+        index = {key: (line - 1, row) for line, key, row in _keyed_rows(task_file, task_errors)}
+    after_tasks = max((position for position, _ in index.values()), default=-1) + 1
+    unmatched_tasks: dict[str, int] = {}  # conversations of rows with no task: numbered after the file's tasks
+    numbered: Counter[str] = Counter()  # samples numbered so far, per task
     with atomic_output(target) as sink:
         for lineno, key, row in _keyed_rows(rollouts, rollout_errors):
-            task = index.get(key)
-            if task is None:
+            found = index.get(key)
+            if found is None and task_file is not None:
                 report.unmatched.append(lineno)
-            merged = {**(task or {}), **row}  # the recording wins where both have a field
+            position, task = found if found is not None else (None, {})
+            merged = _replay_fields({**task, **row})  # the recording wins where both have a field
+            if "id" not in merged and NG_TASK_INDEX not in merged:
+                merged[NG_TASK_INDEX] = position if position is not None else \
+                    unmatched_tasks.setdefault(key, after_tasks + len(unmatched_tasks))
+            group = str(merged["id"]) if "id" in merged else f"task {merged[NG_TASK_INDEX]}"
+            if NG_ROLLOUT_INDEX not in merged:
+                merged[NG_ROLLOUT_INDEX] = numbered[group]
+            numbered[group] += 1
             sink.write(json.dumps(merged, ensure_ascii=False).translate(_LINE_BREAKS) + "\n")
             report.written += 1
-    report.errors = task_errors.errors + rollout_errors.errors
-    report.bad_lines = task_errors.bad_lines + rollout_errors.bad_lines
+    report.errors = (task_errors.errors if task_errors else []) + rollout_errors.errors
+    report.bad_lines = (task_errors.bad_lines if task_errors else 0) + rollout_errors.bad_lines
     return report
 
 
-def join_rollouts(rollouts: str | Path, tasks: str | Path, out: str | Path) -> tuple[int, list[int]]:
+def _is_terminus(row: dict[str, Any]) -> bool:
+    agent = row.get("agent_ref")
+    name = agent.get("name") if isinstance(agent, dict) else None
+    response = row.get("response")
+    metadata = response.get("metadata") if isinstance(response, dict) else None
+    return (isinstance(name, str) and "terminus" in name) or (isinstance(metadata, dict) and "terminus_2" in metadata)
+
+
+def _first_user_text(row: dict[str, Any]) -> str | None:
+    inp = row["responses_create_params"]["input"]  # checked by _conversation
+    if isinstance(inp, str):
+        return inp
+    for message in inp:
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):  # content parts: their text, in order
+                return "".join(p.get("text", "") for p in content if isinstance(p, dict)) or None
+    return None
+
+
+def _replay_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """What a replay needs that NeMo Gym keeps in its agent's config rather than the row: a Terminus-2 agent ends
+    its episode with a completion tool (`completion_tool`) and its rows carry no `question` (the prompt is the
+    question); a row recorded with the judge off (`judge_evaluations: null`) is replayed with it off."""
+    if _is_terminus(row):
+        row.setdefault("completion_tool", True)
+        if "question" not in row and (question := _first_user_text(row)) is not None:
+            row["question"] = question
+    if "judge_evaluations" in row and row["judge_evaluations"] is None:
+        row.setdefault("should_use_judge", False)
+    return row
+
+
+def join_rollouts(rollouts: str | Path, tasks: str | Path | None, out: str | Path) -> tuple[int, list[int]]:
     """`join` for callers that expect clean files: (rows written, rollout lines with no task); raises on bad lines."""
     report = join(rollouts, tasks, out)
     if report.errors:

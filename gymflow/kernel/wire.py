@@ -171,6 +171,11 @@ def rollout_id(run_id: str, task_id: str, sample_index: int) -> str:
     return f"{run_id}/{task_id}/{sample_index}"
 
 
+def sample_index_of(rollout_id: str) -> int:
+    """The sample index a `rollout_id` ends with (task ids hold no '/', so the last part is the index)."""
+    return int(rollout_id.rsplit("/", 1)[1])
+
+
 class Score(Wire):
     reward: float | None = Field(description="None only when masked: an unscorable episode is not a 0")
     details: JSON = Field(default_factory=dict)
