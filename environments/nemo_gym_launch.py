@@ -7,6 +7,10 @@ It reads CONFIG_YAML with OmegaConf (as NeMo Gym reads config files), keeps the 
 binds it to 127.0.0.1:PORT, resolves every interpolation (a value nobody set fails here, by name, not mid-run),
 then execs `python app.py` in SERVER_DIR with NEMO_GYM_CONFIG_DICT / NEMO_GYM_CONFIG_PATH set. It dies with the
 process that started it (PR_SET_PDEATHSIG), so a killed env worker leaves no server behind. Exit 3: bad config.
+
+OVERRIDES_JSON may name the model servers the server calls (a judge: `judge_model_server: {name: judge_model}`) in
+`gymflow_model_urls: {"judge_model": "http://host:port"}`: NeMo Gym finds a model server by its top-level config
+entry, which no override of the instance can add, so each becomes one here (the key is not merged).
 """
 
 import ctypes
@@ -14,6 +18,9 @@ import json
 import os
 import signal
 import sys
+from urllib.parse import urlsplit
+
+MODEL_URLS = "gymflow_model_urls"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -25,8 +32,27 @@ def _die_with_parent(parent_pid: int) -> None:
         sys.exit(1)
 
 
+def _model_entries(urls: object, taken: set) -> dict:
+    """Top-level config entries for the model servers named in `gymflow_model_urls` (NeMo Gym's client reads
+    only the host and port of a model server's entry)."""
+    if not isinstance(urls, dict):
+        raise ValueError(f"{MODEL_URLS}: expected an object of model server name -> http://host:port")
+    out = {}
+    for name, url in urls.items():
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError(f"{MODEL_URLS}.{name}: expected http://host:port, got {url!r}")
+        if name in taken:
+            raise ValueError(f"{MODEL_URLS}.{name}: names an entry the config has already")
+        out[name] = {"responses_api_models": {"gymflow_model": {"host": parts.hostname, "port": parts.port}}}
+    return out
+
+
 def _config(config_path: str, server: str, port: int, overrides: dict) -> tuple:
     from omegaconf import OmegaConf
+
+    overrides = dict(overrides)
+    models = overrides.pop(MODEL_URLS, None)
 
     full = OmegaConf.load(config_path)
     found = [(key, value["resources_servers"]) for key, value in full.items()
@@ -43,6 +69,9 @@ def _config(config_path: str, server: str, port: int, overrides: dict) -> tuple:
     for key, value in full.items():
         if key != top and not hasattr(value, "keys"):
             config[key] = value
+    if models is not None:
+        for name, entry in _model_entries(models, set(config.keys())).items():
+            config[name] = entry
     OmegaConf.to_container(config[top], resolve=True)  # fails now, naming the key nobody set
     return str(top), OmegaConf.to_yaml(config)
 
