@@ -15,6 +15,7 @@ from gymflow.cli.data_cmd import data
 from gymflow.cli.demo_cmd import demo
 from gymflow.cli.env_cmd import env
 from gymflow.cli.export_cmd import export
+from gymflow.cli.profile_cmd import check, profile
 from gymflow.cli.report_cmd import report
 from gymflow.cli.resume_cmd import resume
 from gymflow.cli.show_cmd import show
@@ -36,6 +37,8 @@ cli.add_command(demo)
 cli.add_command(env)
 cli.add_command(data)
 cli.add_command(report)
+cli.add_command(profile)
+cli.add_command(check)
 cli.add_command(show)
 cli.add_command(resume)
 cli.add_command(export)
