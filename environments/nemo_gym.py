@@ -22,6 +22,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 from gymflow.environments import nemo_gym_catalogue as catalogue
 from gymflow.environments import nemo_gym_http as http
 from gymflow.environments import nemo_gym_responses as responses
@@ -48,6 +49,11 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # one URL path se
 RESERVED = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode", "mcp",
                       "health", "healthz", "livez", "readyz", "docs", "openapi.json", "redoc"})
 _OURS = ("gymflow_request", "gymflow_prompt_len")
+# A rollout row (a NeMo Gym rollout file replayed) is the verify reply it recorded: these are that reply's own fields
+# (BaseVerifyResponse), never a request's. NeMo Gym's agent seeds and verifies with the task row, which has none;
+# sent back, a server that builds its reply as `Reply(**body.model_dump(), reward=r)` fails (equivalence_llm_judge:
+# "got multiple values for keyword argument 'reward'"). `response` is the episode's own, set at verify.
+RECORDED_OUTCOME = frozenset({"response", "reward", "mask_sample", "failure_kind", "failure_reason"})
 # A tool route's 500 (its handler raised) is shown to the model, as NeMo Gym's simple agent shows it; 502-504 and
 # connection failures are the platform's (retried, then environment_error).
 _TOOL_ANSWERED = frozenset({500})
@@ -66,8 +72,10 @@ class NemoGymTask(TaskData):
     gymflow_prompt_len: int = Field(0, exclude=True)
 
     def row(self) -> JSON:
-        """The row as NeMo Gym's agent sends it: its own fields plus `responses_create_params`."""
-        return {**(self.model_extra or {}), "responses_create_params": self.gymflow_request}
+        """The row as NeMo Gym's agent sends it: its own fields plus `responses_create_params`, less a recorded
+        rollout's outcome (RECORDED_OUTCOME)."""
+        extra = {k: v for k, v in (self.model_extra or {}).items() if k not in RECORDED_OUTCOME}
+        return {**extra, "responses_create_params": self.gymflow_request}
 
 
 def _check_tool_name(name: str) -> str | None:
@@ -159,7 +167,8 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
         return await managed.managed(spec).ensure()
 
     async def _seed(self, data: NemoGymTask, url: str, timeout: float) -> dict[str, str]:
-        reply = await http.post(url, "/seed_session", http.encode(data.row()), {}, timeout)
+        row = _without(data.row(), await _reply_only_fields(url, timeout))
+        reply = await http.post(url, "/seed_session", http.encode(row), {}, timeout)
         if not 200 <= reply.status < 300:
             raise TaskError(f"{data.resources_server}/seed_session refused the row (HTTP {reply.status}): "
                             f"{reply.snippet()}")
@@ -211,7 +220,9 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
                 raise VerifierError(_lost(data, seeded_on, instance), failure_type=VERIFIER_CRASHED)
             if not isinstance(cookies, dict):
                 cookies, seeded_on = await self._seed(data, url, timeout), instance
-            return await http.post(url, "/verify", body, cookies, timeout)
+            drop = await _reply_only_fields(url, timeout)
+            return await http.post(url, "/verify", http.encode(_without(sent, drop)) if drop else body, cookies,
+                                   timeout)
 
         try:
             reply = await http.with_retries(attempt, attempts=VERIFY_ATTEMPTS, backoff_s=VERIFY_BACKOFF_S)
@@ -228,6 +239,36 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
 
     async def validate(self, task: Task) -> Score | None:
         return None  # NeMo Gym rows carry no gold transcript
+
+
+_REPLY_ONLY: dict[str, frozenset[str]] = {}  # a server's base URL -> its verify reply's own fields
+
+
+async def _reply_only_fields(url: str, timeout: float) -> frozenset[str]:
+    """The fields of the server's /verify reply model that its request model lacks (its OpenAPI schema, read once
+    per server): a replayed rollout row's recorded outcome (`judge_evaluations`, `extracted_answer`), which a server
+    whose request model allows extra fields would get back and collide with (RECORDED_OUTCOME, generalised). Empty
+    when the schema cannot be read: RECORDED_OUTCOME is dropped regardless."""
+    if url in _REPLY_ONLY:
+        return _REPLY_ONLY[url]
+    try:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+            spec = (await client.get(f"{url}/openapi.json")).json()
+        post = spec["paths"]["/verify"]["post"]
+        models = spec["components"]["schemas"]
+
+        def fields(schema: dict[str, Any]) -> set[str]:
+            return set(models[schema["$ref"].rsplit("/", 1)[-1]].get("properties") or {})
+        request = fields(post["requestBody"]["content"]["application/json"]["schema"])
+        reply = fields(post["responses"]["200"]["content"]["application/json"]["schema"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return frozenset()
+    _REPLY_ONLY[url] = frozenset(reply - request)
+    return _REPLY_ONLY[url]
+
+
+def _without(row: JSON, drop: frozenset[str]) -> JSON:
+    return {k: v for k, v in row.items() if k not in drop or k in ("response", "responses_create_params")}
 
 
 def _json_or_none(text: str) -> Any:

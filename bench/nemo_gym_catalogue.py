@@ -1,0 +1,672 @@
+"""Measured coverage of NeMo Gym 0.7.0's catalogue: every installed resources server's recorded rollouts, scored by
+NeMo Gym's own server code and by gymflow's full stack, row by row.
+
+    python -m bench.nemo_gym_catalogue                                  # every server (about an hour)
+    python -m bench.nemo_gym_catalogue --servers xlam_fc,math_with_judge
+    python -m bench.nemo_gym_catalogue --resume                         # skip servers already done
+
+For each server of the catalogue (environments/nemo_gym_catalogue.py) with a `data/example_rollouts.jsonl`:
+
+NeMo Gym's verdict: the server started by NeMo Gym's own code (`python app.py` under NeMo Gym's Python with the
+config `ng_run` hands its children: environments/nemo_gym_launch.py), driven as NeMo Gym's simple agent drives it
+(responses_api_agents/simple_agent/app.py `run`): POST /seed_session with the row, then POST /verify with the row and
+its recorded `response` (every output item), with the seed's cookies; `reward` of the reply.
+
+gymflow's verdict: the same rows through gymflow's stack (Temporal dev server, embedded Postgres, the three pools as
+`gymflow worker` processes) on the `nemo_gym` environment, whose env pool starts its own copy of the server; the
+model is a recorded one (`recorded: FILE`), which replays the row's `response.output` turn by turn, so the tool calls
+run on the server again and the verify request is built by gymflow from its own transcript.
+
+Rows are the rollout file joined with the server's `example.jsonl` (gymflow.data.prepare.join: task fields the
+rollout rows omit, sample numbering), both sides getting the same joined row. Servers whose config calls a model (a
+judge) get the same fake judge on both sides, through the overrides (`gymflow_model_urls`): an OpenAI-compatible
+Responses/Chat server answering every request with one fixed verdict (JUDGE_VERDICT). Results go to one JSON file
+per server under --work as they finish (`--resume` skips those); docs/nemo-gym-catalogue.md is written from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+import yaml
+from gymflow.environments import nemo_gym_catalogue as catalogue
+from gymflow.environments import nemo_gym_server as managed
+from gymflow.workers.local_stack import LocalStack, free_port
+
+from gymflow.client import GymflowClient
+from gymflow.data.datasets import load_jsonl
+from gymflow.data.prepare import conversation_key, join
+from gymflow.kernel.config import load_settings
+from gymflow.kernel.recorded_ids import NG_ROLLOUT_INDEX, NG_TASK_INDEX, default_task_id, recorded_sample
+from gymflow.kernel.store.db import make_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "bench" / "results" / "nemo-gym-catalogue"
+DOC = ROOT / "docs" / "nemo-gym-catalogue.md"
+NEMO_PYTHON = ROOT / ".nemo313" / "bin" / "python"
+SERVER_TIMEOUT_S = 180.0  # per side, per server
+REQUEST_TIMEOUT_S = 110.0  # one NeMo Gym request (the env activity's 120 s bounds gymflow's)
+START_TIMEOUT_S = "150"  # a cold NeMo Gym import next to another server's on 2 cores
+BATCH = 12  # servers per stack: the env pool keeps each server it started until it stops
+MAX_TURNS = 200  # no recorded rollout is cut short by gymflow's default turn limit
+OURS = ("resources_server", "resources_server_config", "resources_server_overrides", "env")
+# NeMo Gym's verify-response fields: a rollout row's outcome, never part of a request.
+OUTCOME = ("reward", "response", "mask_sample", "failure_kind", "failure_reason")
+JUDGE_VERDICT = "[[A=B]]"  # one fixed answer to every judge prompt, the same on both sides
+TOL = 1e-6
+
+
+# ---- the fake judge -------------------------------------------------------------------------------------------
+
+
+def _judge_reply(path: str, model: str) -> dict[str, Any]:
+    if path.endswith("/chat/completions"):
+        return {"id": "chatcmpl-judge", "object": "chat.completion", "created": 0, "model": model,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": JUDGE_VERDICT}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    return {"id": "resp_judge", "object": "response", "created_at": 0.0, "model": model, "status": "completed",
+            "output": [{"type": "message", "id": "msg_judge", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": JUDGE_VERDICT, "annotations": []}]}],
+            "tools": [], "tool_choice": "auto", "parallel_tool_calls": True, "incomplete_details": None,
+            "error": None, "metadata": {},
+            "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+
+
+class _JudgeHandler(BaseHTTPRequestHandler):
+    calls = Counter()  # request path -> count
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        try:
+            model = str(json.loads(body or b"{}").get("model") or "judge")
+        except ValueError:
+            model = "judge"
+        self.calls[self.path] += 1
+        out = json.dumps(_judge_reply(self.path, model)).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def start_judge() -> tuple[ThreadingHTTPServer, str]:
+    """The fake judge on a thread of this process: (server, its base URL)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _JudgeHandler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="fake-judge").start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+# ---- what each server gets ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    server: str
+    rows: list[dict[str, Any]] = field(default_factory=list)  # joined rows: gymflow's dataset and recorded model
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # each row as NeMo Gym's agent sent it
+    file: Path | None = None  # the rows as gymflow's dataset and recorded model
+    overrides: dict[str, Any] = field(default_factory=dict)
+    not_runnable: str | None = None
+    judge: list[str] = field(default_factory=list)  # model servers the config calls (given the fake judge)
+    notes: list[str] = field(default_factory=list)
+
+
+def _judge_names(info: catalogue.ServerInfo) -> list[str]:
+    if not info.configs:
+        return []
+    path = catalogue.default_config(info)
+    top = catalogue.load_config(path)
+    _, cfg = catalogue.resources_entry(top, info.name, path)
+    names: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if value.get("type") == "responses_api_models" and isinstance(value.get("name"), str):
+                name = value["name"]
+                ref = re.fullmatch(r"\$\{([^}]+)\}", name)
+                names.append(str(top.get(ref.group(1), name)) if ref else name)
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+    walk(cfg)
+    return sorted(set(names))
+
+
+def _read_rollouts(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError:
+        head = path.read_text()[:40].splitlines()[0] if path.stat().st_size else ""
+        return [], f"data not shipped: example_rollouts.jsonl is not JSON (its rows read {head!r})"
+    if not rows:
+        return [], "data not shipped: example_rollouts.jsonl is empty"
+    if any(not isinstance(r, dict) or not isinstance(r.get("response"), dict) for r in rows):
+        return [], "data not shipped: its rollout rows carry no recorded `response` (nothing to replay or verify)"
+    return rows, None
+
+
+def _prompt_key(row: dict[str, Any]) -> str:
+    return conversation_key((row.get("responses_create_params") or {}).get("input") or [])
+
+
+def _tasks_by_prompt(tasks: Path | None) -> dict[str, dict[str, Any]]:
+    if tasks is None:
+        return {}
+    out = {}
+    for line in tasks.read_text().splitlines():
+        with contextlib.suppress(ValueError, AttributeError):
+            row = json.loads(line)
+            out.setdefault(_prompt_key(row), row)
+    return out
+
+
+def _pruned(value: Any) -> Any:
+    """A recorded `responses_create_params` without its nulls (the rollout file echoes every unset field as null,
+    which NeMo Gym's own request model then rejects: `parallel_tool_calls: null`)."""
+    if isinstance(value, dict):
+        return {k: _pruned(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+def _input_row(joined: dict[str, Any], recorded: dict[str, Any], task: dict[str, Any] | None) -> dict[str, Any]:
+    """What NeMo Gym's agent got for this rollout, as its own `reverify` rebuilds it (the materialized input row,
+    not the rollout row, whose verify outputs such as `reward` are no request fields): the task row of
+    example.jsonl with the same prompt, plus the rollout's bookkeeping and the replay fields `join` adds (what NeMo
+    Gym's agent config held: the judge off, a completion tool); without a task, the rollout row less its outcome."""
+    added = {k: v for k, v in joined.items() if k not in recorded and (task is None or k not in task)}
+    keep = {k: recorded[k] for k in ("agent_ref", NG_TASK_INDEX, NG_ROLLOUT_INDEX) if k in recorded}
+    if task is not None:
+        return {**task, **keep, **added}
+    base = {k: v for k, v in recorded.items() if k not in OUTCOME}
+    base["responses_create_params"] = _pruned(base.get("responses_create_params") or {})
+    return {**base, **added}
+
+
+def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | None) -> Plan:
+    """The joined rows of one server, or why it cannot run."""
+    p = Plan(info.name)
+    rollouts = info.folder / "data" / "example_rollouts.jsonl"
+    if info.refusal:
+        p.not_runnable = f"refused by gymflow's catalogue: {info.refusal}"
+        return p
+    if not rollouts.exists():
+        p.not_runnable = "data not shipped: no data/example_rollouts.jsonl"
+        return p
+    _, problem = _read_rollouts(rollouts)
+    if problem:
+        p.not_runnable = problem
+        return p
+    p.judge = _judge_names(info)
+    if p.judge:
+        p.overrides = {"gymflow_model_urls": {name: judge_url for name in p.judge}}
+    rows_dir = work / "rows"
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    joined = rows_dir / f"{info.name}.joined.jsonl"
+    tasks = info.examples if info.examples.exists() else None
+    report = join(rollouts, tasks, joined)
+    if report.errors:
+        p.notes.append(f"join: {len(report.errors)} bad line(s), first: {report.errors[0]}")
+    if report.unmatched:
+        p.notes.append(f"join: rollout line(s) {report.unmatched} match no task of example.jsonl (kept as recorded)")
+    rows = [json.loads(line) for line in joined.read_text().splitlines() if line.strip()]
+    recorded, _ = _read_rollouts(rollouts)
+    rows, recorded = (rows[:limit], recorded[:limit]) if limit else (rows, recorded)
+    by_prompt = _tasks_by_prompt(tasks)
+    p.inputs = [_input_row(j, r, by_prompt.get(_prompt_key(r))) for j, r in zip(rows, recorded, strict=True)]
+    extra = {"resources_server": info.name, **({"resources_server_overrides": p.overrides} if p.overrides else {})}
+    p.rows = [{**r, **extra} for r in rows]
+    p.file = rows_dir / f"{info.name}.jsonl"
+    p.file.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in p.rows))
+    return p
+
+
+# ---- NeMo Gym's own verdict -----------------------------------------------------------------------------------
+
+
+def _last_exception(log: str) -> str:
+    """The last exception line of a server's log (a 500's body is only 'Internal Server Error')."""
+    lines = [ln.strip() for ln in log.splitlines()
+             if re.match(r"^\s*([\w.]+(Error|Exception|Exit)|AssertionError|KeyError|ValidationError)\b", ln)
+             or re.match(r"^\s*[\w.]+Error:", ln)]
+    return lines[-1][:400] if lines else ""
+
+
+async def _tool_calls(client: httpx.AsyncClient, response: dict[str, Any], cookies: httpx.Cookies) -> int:
+    """The recorded function calls posted to the server in order, as the simple agent posts them (a stateful
+    server's verify reads the state they leave); their replies are not compared (the recorded response is)."""
+    calls = 0
+    for item in response.get("output") or []:
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            continue
+        try:
+            args = json.loads(item.get("arguments") or "")
+        except (ValueError, TypeError):
+            continue  # the agent answers invalid arguments itself, without the server
+        reply = await client.post(f"/{item.get('name')}", json=args, cookies=cookies)
+        cookies.update(reply.cookies)
+        calls += 1
+    return calls
+
+
+async def _nemo_one(client: httpx.AsyncClient, srv: managed.ManagedServer, body: dict[str, Any],
+                    response: dict[str, Any]) -> dict[str, Any]:
+    client.cookies.clear()  # each row its own session, as each rollout is
+    log_before = len(srv.log.read_text(errors="replace")) if srv.log.exists() else 0
+
+    def log() -> str:
+        return _last_exception(srv.log.read_text(errors="replace")[log_before:])
+    try:
+        seed = await client.post("/seed_session", json=body)
+        if seed.status_code >= 300:
+            return {"error": f"/seed_session HTTP {seed.status_code}: {seed.text[:300]}", "log": log()}
+        cookies = httpx.Cookies(seed.cookies)
+        calls = await _tool_calls(client, response, cookies)
+        verify = await client.post("/verify", json={**body, "response": response}, cookies=cookies)
+    except httpx.HTTPError as e:
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    if verify.status_code >= 300:
+        return {"error": f"/verify HTTP {verify.status_code}: {verify.text[:300]}", "log": log()}
+    try:
+        out = verify.json()
+        reward = out["reward"]
+    except (ValueError, KeyError, TypeError):
+        return {"error": f"/verify answered no reward: {verify.text[:300]}"}
+    return {"reward": reward, "masked": out.get("mask_sample") is True, "tool_calls": calls}
+
+
+async def nemo_verdicts(p: Plan) -> dict[str, Any]:
+    """NeMo Gym's reward for each row, from its own server code, or why it could not give one."""
+    spec = managed.Spec.of(p.server, None, p.overrides)
+    srv = managed.ManagedServer(spec)
+    try:
+        try:
+            url, _ = await srv.ensure()
+        except Exception as e:  # noqa: BLE001 - any start failure is the row's verdict
+            return {"start_error": str(e)[:1500], "rows": []}
+        async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
+            rows = [await _nemo_one(client, srv, body, row["response"]) for body, row in zip(p.inputs, p.rows,
+                                                                                           strict=True)]
+        return {"rows": rows}
+    finally:
+        srv.stop()
+
+
+# ---- gymflow's verdict ----------------------------------------------------------------------------------------
+
+
+class Stack:
+    """Temporal dev server, embedded Postgres and the three pools, with one recorded model per server."""
+
+    def __init__(self, work: Path, models: dict[str, Path]) -> None:
+        self.work, self.models = work, models
+        self.local: LocalStack | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.client: GymflowClient | None = None
+
+    async def start(self) -> GymflowClient:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.local = LocalStack(self.work / "state", port=free_port(), headless=True)
+        addr = self.local.start()
+        config = self.work / "gymflow.yaml"
+        config.write_text(yaml.safe_dump({
+            "temporal": {"address": addr.temporal_address}, "database": {"url": addr.database_url},
+            "models": {name: {"recorded": str(path)} for name, path in self.models.items()},
+            "pools": {"generate": {"concurrency": 16}, "env": {"concurrency": 16}, "workflows": {"concurrency": 32}},
+            "rollout": {"max_turns": MAX_TURNS},
+        }))
+        env = {**os.environ, catalogue.PYTHON_ENV: str(catalogue.python()),
+               managed.START_TIMEOUT_ENV: START_TIMEOUT_S, "GYMFLOW_NEMO_GYM_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
+        for pool in ("workflows", "env", "generate"):
+            out = (self.work / f"pool-{pool}.log").open("ab")
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "gymflow.cli.main", "worker", "--pool", pool,
+                                                "--config", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                               env=env))
+        settings = load_settings(config, env={})
+        self.client = await GymflowClient.connect(settings)
+        await asyncio.sleep(3)  # the pools start polling
+        return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.local is not None:
+            self.local.stop()
+
+
+def _row_keys(p: Plan) -> list[tuple[str, int]]:
+    """(task id, sample index) of each row, as the dataset loader and the recorded model name it."""
+    assert p.file is not None
+    stem = p.file.stem
+    by_task: dict[str, list[tuple[int, int]]] = {}
+    for i, row in enumerate(p.rows):
+        task_id = str(row.get("id", default_task_id(stem, i + 1, row)))
+        by_task.setdefault(task_id, []).append((recorded_sample(row) or 0, i))
+    keys: list[tuple[str, int]] = [("", 0)] * len(p.rows)
+    for task_id, items in by_task.items():
+        for k, (_, i) in enumerate(sorted(items, key=lambda it: it[0])):
+            keys[i] = (task_id, k)
+    return keys
+
+
+async def _add_details(client: GymflowClient, run_id: str, got: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """The stored failure message and score details of each rollout (a summary's message can be empty)."""
+    engine = make_engine(client.settings.database.url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(sa.text("SELECT task_id, sample_index, failure_message, score_details "
+                                              "FROM rollouts WHERE run_id = :r"), {"r": run_id})
+            for task_id, sample, message, details in rows:
+                if (task_id, sample) in got:
+                    got[(task_id, sample)]["failure"] = (got[(task_id, sample)]["failure"] or "") + \
+                        (f" | {message[:600]}" if message else "")
+                    got[(task_id, sample)]["details"] = json.loads(json.dumps(details, default=str)[:2000]) \
+                        if len(json.dumps(details, default=str)) <= 2000 else str(details)[:2000]
+    finally:
+        await engine.dispose()
+
+
+async def gymflow_verdicts(client: GymflowClient, p: Plan, model: str) -> dict[str, Any]:
+    """gymflow's reward (or failure) for each row, from one collect on the stack."""
+    assert p.file is not None
+    counts: dict[str, int] = {}
+    tasks, errors = load_jsonl(p.file, env="nemo_gym", samples=counts)
+    keys = _row_keys(p)
+    got: dict[tuple[str, int], dict[str, Any]] = {}
+    by_n: dict[int, list[Any]] = {}
+    for t in tasks:
+        by_n.setdefault(counts.get(t.id, 1), []).append(t)
+    run = f"catalogue-{p.server}-{time.strftime('%H%M%S')}"
+    for n, group in sorted(by_n.items()):
+        async with contextlib.aclosing(client.collect(f"{run}-n{n}", group, n=n, model=model,
+                                                      max_turns=MAX_TURNS, max_in_flight=8)) as results:
+            async for r in results:
+                s = r.summary
+                got[(s.task_id, s.sample_index)] = {
+                    "status": str(s.status), "reward": s.reward, "masked": s.masked,
+                    "failure": f"{s.failure_type}: {s.failure_message}"[:600] if s.failure_type else None}
+        await _add_details(client, f"{run}-n{n}", got)
+    load_errors = {e.line: str(e) for e in errors}
+    rows = []
+    for i, key in enumerate(keys):
+        if i + 1 in load_errors:
+            rows.append({"status": "not loaded", "reward": None, "failure": load_errors[i + 1][:600]})
+        else:
+            rows.append(got.get(key, {"status": "missing", "reward": None, "failure": "no result for this row"}))
+    return {"rows": rows}
+
+
+# ---- comparing ------------------------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(float(a) - float(b)) <= TOL
+
+
+def compare(p: Plan, nemo: dict[str, Any], gym: dict[str, Any]) -> dict[str, Any]:
+    """Per row: NeMo Gym's verdict, gymflow's, the recorded reward, and whether gymflow agrees with NeMo Gym."""
+    out = []
+    for i, row in enumerate(p.rows):
+        n = nemo["rows"][i] if i < len(nemo.get("rows", [])) else {"error": nemo.get("start_error", "not run")}
+        g = gym["rows"][i] if i < len(gym.get("rows", [])) else {"status": "not run", "reward": None}
+        if "error" in n:
+            verdict = "not runnable"
+        elif n.get("masked"):
+            verdict = "agree" if g.get("masked") else "disagree"
+        else:
+            verdict = "agree" if _same(n["reward"], g.get("reward")) and not g.get("masked") else "disagree"
+        out.append({"row": i, "recorded": row.get("reward"), "nemo_gym": n, "gymflow": g, "verdict": verdict,
+                    "nemo_matches_recorded": _same(n.get("reward"), row.get("reward"))})
+    return {"rows": out}
+
+
+# ---- one server -----------------------------------------------------------------------------------------------
+
+
+async def _bounded(what: str, coro: Any, timeout: float) -> dict[str, Any]:
+    try:
+        return await asyncio.wait_for(coro, timeout)
+    except TimeoutError:
+        return {"start_error": f"{what}: no verdict within {timeout:g} s (--timeout)", "rows": []}
+
+
+async def run_server(p: Plan, client: GymflowClient | None, model: str, timeout: float) -> dict[str, Any]:
+    t0 = time.monotonic()
+    result: dict[str, Any] = {"server": p.server, "judge": p.judge, "notes": p.notes,
+                              "not_runnable": p.not_runnable, "rows": []}
+    if p.not_runnable is None:
+        nemo = await _bounded("NeMo Gym", nemo_verdicts(p), timeout)
+        if nemo.get("start_error"):
+            result["not_runnable"] = f"NeMo Gym's own server: {nemo['start_error']}"
+        if nemo.get("rows") and any("error" not in r for r in nemo["rows"]) and client is not None:
+            gym = await _bounded("gymflow", gymflow_verdicts(client, p, model), timeout)
+            if gym.get("start_error"):
+                result["gymflow_error"] = gym["start_error"]
+        else:
+            gym = {"rows": []}
+        result["rows"] = compare(p, nemo, gym)["rows"]
+        if result["rows"] and all(r["verdict"] == "not runnable" for r in result["rows"]):
+            result["not_runnable"] = result["not_runnable"] or "NeMo Gym's own server fails every row"
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    return result
+
+
+def _save(work: Path, result: dict[str, Any]) -> None:
+    out = work / "results" / f"{result['server']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    tmp.replace(out)
+
+
+def _done(work: Path) -> set[str]:
+    return {f.stem for f in (work / "results").glob("*.json")}
+
+
+async def run_batch(plans: list[Plan], work: Path, parallel: int, timeout: float) -> None:
+    runnable = [p for p in plans if p.not_runnable is None]
+    for p in plans:
+        if p.not_runnable is not None:
+            _save(work, await run_server(p, None, "", timeout))
+    if not runnable:
+        return
+    models = {f"rec_{p.server}": p.file for p in runnable if p.file is not None}
+    stack = Stack(work / "stacks" / time.strftime("%H%M%S"), models)
+    client = await stack.start()
+    slots = asyncio.Semaphore(parallel)
+
+    async def one(p: Plan) -> None:
+        async with slots:
+            print(f"  {p.server}: {len(p.rows)} rows{' (judge)' if p.judge else ''}", file=sys.stderr, flush=True)
+            result = await run_server(p, client, f"rec_{p.server}", timeout)
+            _save(work, result)
+            print(f"  {p.server}: {Counter(r['verdict'] for r in result['rows'])} {result['wall_s']} s"
+                  f"{' - ' + result['not_runnable'][:120] if result['not_runnable'] else ''}", file=sys.stderr,
+                  flush=True)
+    try:
+        await asyncio.gather(*(one(p) for p in runnable))
+    finally:
+        await stack.close()
+
+
+# ---- the document ---------------------------------------------------------------------------------------------
+
+# Why each disagreement or not-runnable server is what it is, from reading its rows, log and code (the bench's
+# own evidence is appended: the NeMo Gym error, gymflow's failure, the rewards).
+EXPLAINED: dict[str, str] = {}
+
+
+def _short(text: str, n: int = 220) -> str:
+    text = re.sub(r"\s+", " ", text or "").strip()
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _why(result: dict[str, Any]) -> str:
+    parts = []
+    if result["server"] in EXPLAINED:
+        parts.append(EXPLAINED[result["server"]])
+    if result.get("not_runnable") and result["server"] not in EXPLAINED:
+        parts.append(_short(result["not_runnable"], 300))
+    rows = result["rows"]
+    bad = [r for r in rows if r["verdict"] == "not runnable"]
+    if bad and not result.get("not_runnable"):
+        n = bad[0]["nemo_gym"]
+        parts.append(f"NeMo Gym fails {len(bad)} row(s): {_short(n.get('log') or n.get('error', ''), 200)}")
+    elif bad and result["server"] not in EXPLAINED:
+        n = bad[0]["nemo_gym"]
+        parts.append(f"NeMo Gym: {_short(n.get('log') or n.get('error', ''), 200)}")
+    for r in rows:
+        if r["verdict"] == "disagree":
+            g, n = r["gymflow"], r["nemo_gym"]
+            parts.append(f"row {r['row']}: gymflow {g.get('reward')} ({g.get('status')}"
+                         f"{'; ' + _short(g['failure'], 160) if g.get('failure') else ''}) vs NeMo Gym "
+                         f"{n.get('reward')}, recorded {r['recorded']}")
+    if result.get("judge") and not parts:
+        parts.append(f"fake judge for {', '.join(result['judge'])}")
+    return "; ".join(parts).replace("|", "\\|")
+
+
+def render(work: Path, servers: list[str], command: str) -> str:
+    results = {}
+    for name in servers:
+        f = work / "results" / f"{name}.json"
+        if f.exists():
+            results[name] = json.loads(f.read_text())
+    lines, totals = [], Counter()
+    reasons: Counter[str] = Counter()
+    for name in servers:
+        r = results.get(name)
+        if r is None:
+            lines.append(f"| {name} | - | - | - | - | not reached yet |")
+            totals["not reached"] += 1
+            continue
+        c = Counter(row["verdict"] for row in r["rows"])
+        totals.update({f"rows {k}": v for k, v in c.items()})
+        if r.get("not_runnable"):
+            totals["servers not runnable"] += 1
+            reasons[_reason(r["not_runnable"])] += 1
+        elif c["disagree"]:
+            totals["servers with a disagreement"] += 1
+        elif c["agree"]:
+            totals["servers agreeing on every row"] += 1 if not c["not runnable"] else 0
+            totals["servers agreeing on every row NeMo Gym can verify"] += 1
+        nr = c["not runnable"] or ("all" if r.get("not_runnable") and not r["rows"] else 0)
+        lines.append(f"| {name} | {len(r['rows'])} | {c['agree']} | {c['disagree']} | {nr} | {_why(r)} |")
+    head = [
+        "# NeMo Gym's catalogue, measured",
+        "",
+        "Every NeMo Gym 0.7.0 resources server installed here, its recorded rollouts (`data/example_rollouts.jsonl`)",
+        "scored twice: by NeMo Gym's own server code (started as `ng_run` starts it, driven as its simple agent",
+        "drives it: `/seed_session` with the row, `/verify` with the row and the recorded `response`) and by gymflow's",
+        "full stack (Temporal, Postgres, the three pools; the `nemo_gym` environment with a recorded model replaying",
+        "the row's model turns, its tool calls run on the server again). `agree`/`disagree` compare gymflow's reward",
+        "with NeMo Gym's own verdict; `not runnable` counts rows NeMo Gym itself cannot verify here. Servers whose",
+        f"config calls a model get the same fake judge on both sides (every answer `{JUDGE_VERDICT}`).",
+        "",
+        f"- command: `{command}`",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()} (gymflow), NeMo Gym 0.7.0 on "
+        f"{catalogue.python()}",
+        f"- servers: {len(servers)}; " + ", ".join(f"{k}: {v}" for k, v in sorted(totals.items())),
+        "- not runnable, by reason: " + ", ".join(f"{k}: {v}" for k, v in reasons.most_common()),
+        "",
+        "| server | rows | agree | disagree | not runnable | why |",
+        "|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
+def _reason(text: str) -> str:
+    for key, label in (("sandbox", "sandbox provider"), ("network", "network"),
+                       ("URL or path", "packages from git/URL"), ("not installed", "packages not installed"),
+                       ("data not shipped", "data not shipped"), ("values nobody set", "config values unset"),
+                       ("no verdict within", "timeout")):
+        if key in text:
+            return label
+    return "fails inside NeMo Gym"
+
+
+# ---- main -----------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.nemo_gym_catalogue", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", help="comma-separated server names (default: every installed one)")
+    ap.add_argument("--limit", type=int, help="at most this many servers (after --servers and --resume)")
+    ap.add_argument("--rows", type=int, help="at most this many rows per server")
+    ap.add_argument("--resume", action="store_true", help="skip servers with a result under --work")
+    ap.add_argument("--parallel", type=int, default=2, help="servers at once (the machine has 2 cores)")
+    ap.add_argument("--timeout", type=float, default=SERVER_TIMEOUT_S, help="seconds per side per server")
+    ap.add_argument("--work", type=Path, default=WORK)
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--render-only", action="store_true", help="write the document from the results there are")
+    args = ap.parse_args(argv)
+    os.environ.setdefault(catalogue.PYTHON_ENV, str(NEMO_PYTHON))
+    os.environ[managed.START_TIMEOUT_ENV] = START_TIMEOUT_S
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("temporalio").setLevel(logging.ERROR)
+    servers = catalogue.catalogue(catalogue.python())
+    names = list(servers) if not args.servers else [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = [n for n in names if n not in servers]
+    if unknown:
+        raise SystemExit(f"not installed NeMo Gym servers: {', '.join(unknown)}")
+    command = "python -m bench.nemo_gym_catalogue" + (" " + " ".join(argv if argv is not None else sys.argv[1:])
+                                                      if (argv if argv is not None else sys.argv[1:]) else "")
+    if not args.render_only:
+        todo = [n for n in names if not (args.resume and n in _done(args.work))]
+        todo = todo[: args.limit] if args.limit else todo
+        judge, judge_url = start_judge()
+        try:
+            plans = [plan(servers[n], args.work, judge_url, args.rows) for n in todo]
+            for i in range(0, len(plans), BATCH):
+                batch = plans[i:i + BATCH]
+                print(f"batch {i // BATCH + 1}: {', '.join(p.server for p in batch)}", file=sys.stderr, flush=True)
+                asyncio.run(run_batch(batch, args.work, args.parallel, args.timeout))
+                args.doc.write_text(render(args.work, list(servers), command))
+        finally:
+            judge.shutdown()
+    args.doc.write_text(render(args.work, list(servers), command))
+    print(f"wrote {args.doc}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
