@@ -53,6 +53,7 @@ LOAD_TIMEOUT_S = 120.0  # importing an environment and its warm_up, before its f
 START_TIMEOUT_S = 60.0  # a new process, up to its "ready"
 QUEUE_TIMEOUT_S = 300.0  # waiting for a free process; then the activity fails retryably
 _TASK_KEYS_KEPT = 1024
+_WARM_KEPT = 4  # environments a new process loads before its first call (the most recently used)
 PROCESSES_ENV = "GYMFLOW_ENV_PROCESSES"  # overrides the default process count
 # A process busy on one call for longer than this is "held": a caller that finds every process busy then gets an
 # extra one (up to OVERFLOW_FACTOR x the size), so hostile calls that run to their limit (spin, sleep, a hanging
@@ -254,6 +255,10 @@ class EnvProcesses:
         self._starting: set[_Proc] = set()  # started, not yet ready
         self._background: set[asyncio.Task[None]] = set()
         self._keys: OrderedDict[int, tuple[Task, str, bytes]] = OrderedDict()
+        # Environments loaded lately (name -> the memory cap it loaded under), most recent last: a new process loads
+        # them before it takes calls, so a replacement's first call does not pay the import (math-verify's SymPy
+        # takes seconds on a loaded box) inside its activity's timeout.
+        self._warm: OrderedDict[str, int] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grow_timer: asyncio.TimerHandle | None = None
         self._started = self._closed = False
@@ -363,13 +368,34 @@ class EnvProcesses:
             if not self._closed:
                 self._spawn()
             return
-        self._starting.discard(proc)
         self._failed_starts = 0
+        if not await self._preload(proc):
+            return
+        self._starting.discard(proc)
         if self._closed:  # became ready as the pool closed: nothing will use it
             self._procs.discard(proc)
             await asyncio.to_thread(proc.reap)
             return
         self._release(proc)
+
+    async def _preload(self, proc: _Proc) -> bool:
+        """Load the lately used environments into a new process while no caller waits for one (a waiter's own
+        call loads what it needs). False when the process died doing so (it is replaced)."""
+        for name, memory_mb in list(self._warm.items()):
+            if self._closed or any(not w.done() for _, w in self._waiters):
+                break
+            try:
+                reply = await self._exchange(proc, ("load", memory_mb, name, entry_point_value(name)), LOAD_TIMEOUT_S,
+                                             "load")
+            except (CallFailed, GymflowError, EnvProcessesClosed) as e:
+                log.warning("environment process could not preload %s (%s); replaced", name, e)
+                self._warm.pop(name, None)  # not again: a load that kills its process would respawn forever
+                self._starting.discard(proc)
+                self._replace(proc)
+                return False
+            if reply[0] != "raised":
+                proc.loaded.add(name)
+        return True
 
     def _broken(self) -> bool:
         """Starts keep failing and no process is up."""
@@ -563,6 +589,10 @@ class EnvProcesses:
         if reply[0] == "raised":
             return reply
         proc.loaded.add(name)
+        self._warm[name] = memory_mb
+        self._warm.move_to_end(name)
+        while len(self._warm) > _WARM_KEPT:
+            self._warm.popitem(last=False)
         return None
 
     async def _request(self, proc: _Proc, op: str, task: Task | None, rest: tuple[Any, ...], timeout_s: float,

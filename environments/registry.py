@@ -54,10 +54,18 @@ def environment_at(name: str, value: str) -> Environment:
     return env
 
 
-def check_options(options: Mapping[str, Any], source: str = "the config") -> dict[str, dict[str, Any]]:
+# An environment's own limits on one call (activities/env_processes.py `Limits`). Each must end before the env
+# activity's start_to_close_s: a longer one is cut by Temporal instead, retried, and the rollout fails
+# activity_timeout after every attempt, where it would have been masked once, typed (verifier_timeout).
+CALL_LIMIT_OPTIONS = ("tool_timeout_s", "verify_timeout_s", "library_timeout_s", "setup_timeout_s")
+
+
+def check_options(options: Mapping[str, Any], source: str = "the config", *,
+                  activity_timeout_s: float | None = None) -> dict[str, dict[str, Any]]:
     """Every `environments.<name>` of the config against that environment's declared `Options` (types, bounds,
-    names). Returns the options as validated ("10" from a `${VAR}` becomes 10); every problem at once otherwise, each
-    naming the file, the key and, for an unknown name, the known ones."""
+    names), and, given the env activity's `activity_timeout_s` (rollout.limits.env.start_to_close_s), its call
+    limits against it. Returns the options as validated ("10" from a `${VAR}` becomes 10); every problem at once
+    otherwise, each naming the file, the key and, for an unknown name, the known ones."""
     problems: list[str] = []
     out: dict[str, dict[str, Any]] = {}
     for name, given in options.items():
@@ -81,6 +89,13 @@ def check_options(options: Mapping[str, Any], source: str = "the config") -> dic
                     problems.append(f"{key}.{where}: unknown option (known: {known})")
                 else:
                     problems.append(f"{key}.{where}: {e['msg']} (got {repr(e.get('input'))[:80]})")
+            continue
+        for option in CALL_LIMIT_OPTIONS if activity_timeout_s is not None else ():
+            value = out[name].get(option)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value >= activity_timeout_s:
+                problems.append(f"{key}.{option}: {value:g} s is not below rollout.limits.env.start_to_close_s "
+                                f"({activity_timeout_s:g} s): the activity would be cut first, and retried; lower "
+                                "it or raise start_to_close_s")
     if problems:
         raise ConfigError(f"{source}: " + f"; {source}: ".join(problems))
     return out

@@ -158,7 +158,9 @@ def check_collectable(settings: Settings, envs: Iterable[str], model: str, run_i
     from gymflow.environments.registry import available, check_options
 
     installed = available()
-    check_options(settings.environments, "settings.environments")  # a typo or NaN fails here, not per rollout
+    # A typo, a NaN or a call limit past the activity's timeout fails here, not per rollout.
+    check_options(settings.environments, "settings.environments",
+                  activity_timeout_s=settings.rollout.limits.env.start_to_close_s)
     problems = []
     if run_id is not None and (why := run_id_problem(run_id)):
         problems.append(why)

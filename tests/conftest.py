@@ -96,7 +96,7 @@ def config_file(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedOpen
         "rollout": {"max_turns": 4, "limits": TEST_LIMITS},
         # The judge answers from the recording when the judge model is a recorded one.
         "environments": {"math_with_judge": {"judge_model": recorded_model("math_with_judge"),
-                                             "library_timeout_s": 60}},
+                                             "library_timeout_s": 25}},  # below the env activity's 30 s
     }))
     return path
 

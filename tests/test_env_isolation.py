@@ -133,6 +133,15 @@ async def test_a_hostile_tool_ends_typed_within_its_limit_and_its_process_is_rep
     assert not (await _tool(procs, _call("echo", text="next"))).is_error
 
 
+async def test_a_replacement_process_loads_the_environments_in_use_before_its_first_call(procs):
+    await _ready(procs)
+    before = _pids(procs)
+    assert (await _tool(procs, _call("exit"))).is_error
+    after = await _full(procs)
+    (new,) = [p for p in procs._procs if p.process.pid in after - before]  # noqa: SLF001
+    assert NAME in new.loaded, "its first call would pay the environment's import inside its activity's timeout"
+
+
 async def test_normal_calls_beside_a_hostile_one_are_not_delayed(procs):
     async def timed() -> float:
         started = time.monotonic()

@@ -104,3 +104,17 @@ def test_a_collect_from_python_refuses_a_nan_option():
     settings = Settings(environments={"mcqa": {"tool_timeout_s": math.nan}})
     with pytest.raises(ConfigError, match=r"environments\.mcqa\.tool_timeout_s: Input should be a finite number"):
         check_collectable(settings, {"mcqa"}, "x")
+
+
+def test_a_call_limit_past_the_activity_timeout_is_refused_naming_both():
+    """A verify limit the activity's own timeout cuts first would be retried and end activity_timeout, never the
+    typed verifier_timeout it was meant to give."""
+    settings = Settings(environments={"math_with_judge": {"library_timeout_s": 150}, "mcqa": {"tool_timeout_s": 5}})
+    with pytest.raises(ConfigError) as err:
+        check_collectable(settings, {"math_with_judge"}, "x")
+    assert ("environments.math_with_judge.library_timeout_s: 150 s is not below rollout.limits.env.start_to_close_s "
+            "(120 s)") in str(err.value)
+    assert "mcqa" not in str(err.value), "a limit below the timeout passes"
+    ok = {"rollout": {"limits": {"env": {"start_to_close_s": 200, "schedule_to_close_s": 900}}}}
+    assert check_options(settings.environments, activity_timeout_s=Settings.model_validate(ok).rollout.limits.env
+                         .start_to_close_s)["math_with_judge"] == {"library_timeout_s": 150}

@@ -26,7 +26,9 @@ def settings_or_exit(path: str | None) -> Settings:
     try:
         settings = load_settings(path)
         source = str(config_path(path) or "the default settings")
-        return settings.model_copy(update={"environments": check_options(settings.environments, source)})
+        checked = check_options(settings.environments, source,
+                                activity_timeout_s=settings.rollout.limits.env.start_to_close_s)
+        return settings.model_copy(update={"environments": checked})
     except GymflowError as e:
         raise click.ClickException(str(e)) from None
 
