@@ -271,14 +271,16 @@ class MockOpenAI(ThreadedHTTPService):
             await asyncio.sleep(self.latency_s)
         model = body.get("model") if isinstance(body.get("model"), str) else "mock"
         resp = _json(200, _completion(reply, model))
-        try:  # sent here, not after the handler returns, so `sent` is when the reply left
+        turn = sum(1 for m in _messages(body) if m.get("role") == "assistant")
+        # Recorded as the reply leaves, before it is written: a client that reads its reply and then asks /stats
+        # (or stats()) finds its request there.
+        self._record(Record(conversation_key(headers, body), turn, arrived, time.monotonic(), arrived_wall,
+                            time.time(), bool(reply.tool_calls)))
+        try:  # sent here, not after the handler returns
             await resp.prepare(request)
             await resp.write_eof()
         except ConnectionError:
             pass
-        turn = sum(1 for m in _messages(body) if m.get("role") == "assistant")
-        self._record(Record(conversation_key(headers, body), turn, arrived, time.monotonic(), arrived_wall,
-                            time.time(), bool(reply.tool_calls)))
         return resp
 
 
