@@ -657,6 +657,8 @@ def main(argv: list[str] | None = None) -> None:
         judge, judge_url = start_judge()
         try:
             plans = [plan(servers[n], args.work, judge_url, args.rows) for n in todo]
+            asyncio.run(run_batch([p for p in plans if p.not_runnable], args.work, args.parallel, args.timeout))
+            plans = [p for p in plans if not p.not_runnable]
             for i in range(0, len(plans), BATCH):
                 batch = plans[i:i + BATCH]
                 print(f"batch {i // BATCH + 1}: {', '.join(p.server for p in batch)}", file=sys.stderr, flush=True)

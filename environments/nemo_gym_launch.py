@@ -55,8 +55,9 @@ def _config(config_path: str, server: str, port: int, overrides: dict) -> tuple:
     models = overrides.pop(MODEL_URLS, None)
 
     full = OmegaConf.load(config_path)
+    # hasattr "keys", not "get": a list (a top-level `config_paths: [...]`) has `get` too, and it raises on a str.
     found = [(key, value["resources_servers"]) for key, value in full.items()
-             if hasattr(value, "get") and value.get("resources_servers") is not None
+             if hasattr(value, "keys") and value.get("resources_servers") is not None
              and server in value["resources_servers"]]
     if not found:
         raise ValueError(f"{config_path}: no `resources_servers: {server}:` instance in it")
@@ -66,8 +67,9 @@ def _config(config_path: str, server: str, port: int, overrides: dict) -> tuple:
     config = OmegaConf.create({"head_server": {"host": "127.0.0.1", "port": 9}, "dry_run": False,
                                top: {"resources_servers": {server: instance}}})
     # Interpolations may point at other top-level keys of the same file (`${judge_model_name}`).
+    # `config_paths` is not one: it is NeMo Gym's list of other config files to merge (their servers are not ours).
     for key, value in full.items():
-        if key != top and not hasattr(value, "keys"):
+        if key not in (top, "config_paths") and not hasattr(value, "keys"):
             config[key] = value
     if models is not None:
         for name, entry in _model_entries(models, set(config.keys())).items():

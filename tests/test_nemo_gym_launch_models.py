@@ -1,6 +1,7 @@
 """The launcher gives a managed NeMo Gym server the model servers it calls (its judge): `gymflow_model_urls` in the
 overrides becomes top-level config entries, where NeMo Gym's client looks a model server up by name; the key itself
-is not merged into the server's config, and a bad URL or a clash is a config error (exit 3), not a server start.
+is not merged into the server's config, and a bad URL or a clash is a config error (exit 3), not a server start. A
+config file with a top-level list (`config_paths`) still finds its instance.
 
 Runs the launcher's config step under NeMo Gym's Python (it needs OmegaConf); skipped without one unless
 GYMFLOW_REQUIRE_NEMO_GYM=1 (CI).
@@ -31,6 +32,8 @@ if PY is None and os.environ.get("GYMFLOW_REQUIRE_NEMO_GYM") == "1":
 pytestmark = pytest.mark.skipif(PY is None, reason=WHY)
 
 CONFIG = """\
+config_paths:
+  - responses_api_agents/some_agent/configs/some_agent.yaml
 judge_name: the_judge
 my_server:
   resources_servers:
@@ -73,6 +76,14 @@ def test_without_model_urls_the_config_is_unchanged(tmp_path: Path) -> None:
     rc, config, err = _config(tmp_path, {})
     assert rc == 0, err
     assert set(config) == {"head_server", "dry_run", "my_server", "judge_name"}
+
+
+def test_a_top_level_list_is_no_server_instance(tmp_path: Path) -> None:
+    """NeMo Gym's critpt.yaml starts with `config_paths: [...]`: the search for the instance skips a list (it raised
+    'ListConfig indices must be integers' before, so the server never started)."""
+    rc, config, err = _config(tmp_path, {})
+    assert rc == 0, err
+    assert "config_paths" not in config  # other files' servers are not started
 
 
 @pytest.mark.parametrize("urls, why", [
