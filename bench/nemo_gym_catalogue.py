@@ -54,7 +54,7 @@ from gymflow.client import GymflowClient
 from gymflow.data.datasets import load_jsonl
 from gymflow.data.prepare import conversation_key, join
 from gymflow.kernel.config import load_settings
-from gymflow.kernel.recorded_ids import NG_ROLLOUT_INDEX, NG_TASK_INDEX, default_task_id, recorded_sample
+from gymflow.kernel.recorded_ids import default_task_id, recorded_sample
 from gymflow.kernel.store.db import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,9 @@ def start_judge() -> tuple[ThreadingHTTPServer, str]:
 class Plan:
     server: str
     rows: list[dict[str, Any]] = field(default_factory=list)  # joined rows: gymflow's dataset and recorded model
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # each row as NeMo Gym's agent sent it
+    recorded: list[dict[str, Any]] = field(default_factory=list)  # the rollout rows as shipped
+    tasks: list[dict[str, Any] | None] = field(default_factory=list)  # each one's example.jsonl task, if any
+    agents: list[str] = field(default_factory=list)  # the config's allowed_agents (empty: any)
     file: Path | None = None  # the rows as gymflow's dataset and recorded model
     overrides: dict[str, Any] = field(default_factory=dict)
     not_runnable: str | None = None
@@ -159,6 +161,15 @@ def _judge_names(info: catalogue.ServerInfo) -> list[str]:
                 walk(v)
     walk(cfg)
     return sorted(set(names))
+
+
+def _allowed_agents(info: catalogue.ServerInfo) -> list[str]:
+    if not info.configs:
+        return []
+    path = catalogue.default_config(info)
+    _, cfg = catalogue.resources_entry(catalogue.load_config(path), info.name, path)
+    agents = cfg.get("allowed_agents") or []
+    return [str(a) for a in agents] if isinstance(agents, list) else [str(agents)]
 
 
 def _read_rollouts(path: Path) -> tuple[list[dict[str, Any]], str | None]:
@@ -199,18 +210,17 @@ def _pruned(value: Any) -> Any:
     return value
 
 
-def _input_row(joined: dict[str, Any], recorded: dict[str, Any], task: dict[str, Any] | None) -> dict[str, Any]:
-    """What NeMo Gym's agent got for this rollout, as its own `reverify` rebuilds it (the materialized input row,
-    not the rollout row, whose verify outputs such as `reward` are no request fields): the task row of
-    example.jsonl with the same prompt, plus the rollout's bookkeeping and the replay fields `join` adds (what NeMo
-    Gym's agent config held: the judge off, a completion tool); without a task, the rollout row less its outcome."""
+def _input_row(joined: dict[str, Any], recorded: dict[str, Any], task: dict[str, Any] | None,
+               reply_only: frozenset[str]) -> dict[str, Any]:
+    """What NeMo Gym's agent sent for this rollout, as its own `reverify` rebuilds it from the materialized input
+    row. A rollout row is the verify reply, which echoes the request: less the reply's own fields (OUTCOME and
+    `reply_only`, the server's reply fields its request model lacks, from its OpenAPI schema) and the nulls its
+    dump adds to `responses_create_params`, it is that request. Over the example.jsonl task with the same prompt
+    (fields the echo drops, e.g. a seed's), with the replay fields `join` adds (the judge off, a completion tool)."""
     added = {k: v for k, v in joined.items() if k not in recorded and (task is None or k not in task)}
-    keep = {k: recorded[k] for k in ("agent_ref", NG_TASK_INDEX, NG_ROLLOUT_INDEX) if k in recorded}
-    if task is not None:
-        return {**task, **keep, **added}
-    base = {k: v for k, v in recorded.items() if k not in OUTCOME}
-    base["responses_create_params"] = _pruned(base.get("responses_create_params") or {})
-    return {**base, **added}
+    echo = {k: v for k, v in recorded.items() if k not in OUTCOME and k not in reply_only}
+    echo["responses_create_params"] = _pruned(echo.get("responses_create_params") or {})
+    return {**(task or {}), **echo, **added}
 
 
 def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | None) -> Plan:
@@ -243,7 +253,8 @@ def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | No
     recorded, _ = _read_rollouts(rollouts)
     rows, recorded = (rows[:limit], recorded[:limit]) if limit else (rows, recorded)
     by_prompt = _tasks_by_prompt(tasks)
-    p.inputs = [_input_row(j, r, by_prompt.get(_prompt_key(r))) for j, r in zip(rows, recorded, strict=True)]
+    p.recorded, p.tasks = recorded, [by_prompt.get(_prompt_key(r)) for r in recorded]
+    p.agents = _allowed_agents(info)
     extra = {"resources_server": info.name, **({"resources_server_overrides": p.overrides} if p.overrides else {})}
     p.rows = [{**r, **extra} for r in rows]
     p.file = rows_dir / f"{info.name}.jsonl"
@@ -305,6 +316,20 @@ async def _nemo_one(client: httpx.AsyncClient, srv: managed.ManagedServer, body:
     return {"reward": reward, "masked": out.get("mask_sample") is True, "tool_calls": calls}
 
 
+async def _reply_only(client: httpx.AsyncClient) -> frozenset[str]:
+    """The server's /verify reply fields that its request model lacks, from its OpenAPI schema (empty if none)."""
+    try:
+        spec = (await client.get("/openapi.json")).json()
+        post, models = spec["paths"]["/verify"]["post"], spec["components"]["schemas"]
+
+        def fields(schema: dict[str, Any]) -> set[str]:
+            return set(models[schema["$ref"].rsplit("/", 1)[-1]].get("properties") or {})
+        return frozenset(fields(post["responses"]["200"]["content"]["application/json"]["schema"])
+                         - fields(post["requestBody"]["content"]["application/json"]["schema"]))
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return frozenset()
+
+
 async def nemo_verdicts(p: Plan) -> dict[str, Any]:
     """NeMo Gym's reward for each row, from its own server code, or why it could not give one."""
     spec = managed.Spec.of(p.server, None, p.overrides)
@@ -313,11 +338,16 @@ async def nemo_verdicts(p: Plan) -> dict[str, Any]:
         try:
             url, _ = await srv.ensure()
         except Exception as e:  # noqa: BLE001 - any start failure is the row's verdict
-            return {"start_error": str(e)[:1500], "rows": []}
+            log = srv.log.read_text(errors="replace") if srv.log.exists() else ""
+            why = _last_exception(log) or re.sub(r"; fix: .*", "", str(e), flags=re.S)
+            return {"start_error": f"did not start: {why}"[:600], "start_log_tail": log[-1500:], "rows": []}
         async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
-            rows = [await _nemo_one(client, srv, body, row["response"]) for body, row in zip(p.inputs, p.rows,
-                                                                                           strict=True)]
-        return {"rows": rows}
+            reply_only = await _reply_only(client)
+            rows = []
+            for joined, rec, task in zip(p.rows, p.recorded, p.tasks, strict=True):
+                body = _input_row(joined, rec, task, reply_only)
+                rows.append(await _nemo_one(client, srv, body, rec["response"]))
+        return {"rows": rows, "reply_only": sorted(reply_only)}
     finally:
         srv.stop()
 
@@ -469,10 +499,11 @@ async def _bounded(what: str, coro: Any, timeout: float) -> dict[str, Any]:
 
 async def run_server(p: Plan, client: GymflowClient | None, model: str, timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
-    result: dict[str, Any] = {"server": p.server, "judge": p.judge, "notes": p.notes,
+    result: dict[str, Any] = {"server": p.server, "judge": p.judge, "notes": p.notes, "agents": p.agents,
                               "not_runnable": p.not_runnable, "rows": []}
     if p.not_runnable is None:
         nemo = await _bounded("NeMo Gym", nemo_verdicts(p), timeout)
+        result["reply_only"] = nemo.get("reply_only", [])
         if nemo.get("start_error"):
             result["not_runnable"] = f"NeMo Gym's own server: {nemo['start_error']}"
         if nemo.get("rows") and any("error" not in r for r in nemo["rows"]) and client is not None:
@@ -533,6 +564,10 @@ async def run_batch(plans: list[Plan], work: Path, parallel: int, timeout: float
 EXPLAINED: dict[str, str] = {}
 
 
+def _num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def _short(text: str, n: int = 220) -> str:
     text = re.sub(r"\s+", " ", text or "").strip()
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -546,18 +581,27 @@ def _why(result: dict[str, Any]) -> str:
         parts.append(_short(result["not_runnable"], 300))
     rows = result["rows"]
     bad = [r for r in rows if r["verdict"] == "not runnable"]
+    agents = result.get("agents") or []
+    if bad and agents and "simple_agent" not in agents and result["server"] not in EXPLAINED:
+        parts.append(f"its config allows only the agent(s) {', '.join(agents)}, not the simple agent whose "
+                     "seed/verify protocol both sides speak")
+    if bad:
+        parts += [_short(n, 160) for n in result.get("notes") or []]
     if bad and not result.get("not_runnable"):
         n = bad[0]["nemo_gym"]
         parts.append(f"NeMo Gym fails {len(bad)} row(s): {_short(n.get('log') or n.get('error', ''), 200)}")
     elif bad and result["server"] not in EXPLAINED:
         n = bad[0]["nemo_gym"]
         parts.append(f"NeMo Gym: {_short(n.get('log') or n.get('error', ''), 200)}")
+    groups: dict[str, list[str]] = {}
     for r in rows:
         if r["verdict"] == "disagree":
             g, n = r["gymflow"], r["nemo_gym"]
-            parts.append(f"row {r['row']}: gymflow {g.get('reward')} ({g.get('status')}"
-                         f"{'; ' + _short(g['failure'], 160) if g.get('failure') else ''}) vs NeMo Gym "
-                         f"{n.get('reward')}, recorded {r['recorded']}")
+            failure = _short((g.get("details") or {}).get("error") or g.get("failure") or "", 160)
+            key = f"gymflow {g.get('reward')} ({g.get('status')}{'; ' + failure if failure else ''})"
+            groups.setdefault(key, []).append(f"{r['row']} (NeMo Gym {_num(n.get('reward'))}, recorded "
+                                              f"{_num(r['recorded'])})")
+    parts += [f"row {', '.join(v)}: {k}" for k, v in groups.items()]
     if result.get("judge") and not parts:
         parts.append(f"fake judge for {', '.join(result['judge'])}")
     return "; ".join(parts).replace("|", "\\|")
