@@ -20,6 +20,7 @@ from gymflow.cli.report_cmd import report
 from gymflow.cli.resume_cmd import resume
 from gymflow.cli.show_cmd import show
 from gymflow.cli.stack_cmd import up, worker
+from gymflow.cli.view_cmd import view
 
 TRACEBACK_ENV = "GYMFLOW_TRACEBACK"
 
@@ -42,6 +43,7 @@ cli.add_command(check)
 cli.add_command(show)
 cli.add_command(resume)
 cli.add_command(export)
+cli.add_command(view)
 
 
 def main() -> None:
