@@ -98,50 +98,68 @@ WITH RECURSIVE walk AS (
 SELECT rollout_id, mid FROM walk
 """
 
-# Generated assistant turns (tokens IS NOT NULL: a prompt's own assistant messages carry none). Hollow: no tool
-# call and no visible text. Zero tokens: usage reported (a prompt count) but no completion token. The repetition
-# pre-filter: the reply's last 32 characters recur at least 4 times in its last 8,000 (cheap, linear, bounded);
-# Python then measures the candidates exactly (repetition_coverage).
+# One pass over the generated assistant turns (tokens IS NOT NULL: a prompt's own assistant messages carry none)
+# into a temporary table of flags. Hollow: no tool call and no visible text. Zero tokens: usage reported (a prompt
+# count) but no completion token. The repetition pre-filter: the reply's last 32 characters recur at least 4 times
+# in its last 8,000 (cheap, linear, bounded); Python then measures the candidates exactly (repetition_coverage).
+# Drift: turn k+1's prompt token ids must start with turn k's prompt + generation ids (a jsonb slice compared with
+# jsonb equality: text output of thousands of numerics cost 4x more). Each jsonb column is read once, through
+# jsonb_to_record: every `->` on a large (TOASTed) value would decompress all of it again.
 TURNS = """
+CREATE TEMP TABLE health_turns ON COMMIT DROP AS
 WITH t AS (
-  SELECT c.rollout_id, m.body, m.tokens,
-         coalesce(jsonb_array_length(CASE WHEN jsonb_typeof(m.body->'tool_calls') = 'array'
-                                          THEN m.body->'tool_calls' END), 0) AS calls,
-         coalesce(m.body->>'content', '') ~ '\\S' AS has_text,
-         coalesce(m.body->>'reasoning_content', '') ~ '\\S' AS has_reasoning,
-         right(rtrim(coalesce(m.body->>'reasoning_content', '') || E'\\n' || coalesce(m.body->>'content', '')),
-               8000) AS tail
-  FROM health_chain c JOIN messages m ON m.id = c.mid WHERE m.role = 'assistant' AND m.tokens IS NOT NULL
-), f AS (
-  SELECT rollout_id, has_reasoning, body->>'content' AS content, tail,
-         calls = 0 AND NOT has_text AS hollow,
-         coalesce(tokens->'usage'->>'completion_tokens', '0') = '0'
-           AND coalesce(tokens->'usage'->>'prompt_tokens', '0') <> '0' AS zero_tokens,
-         coalesce(tokens->'usage'->>'completion_tokens', '0') <> '0'
-           OR coalesce(tokens->'usage'->>'prompt_tokens', '0') <> '0' AS usage_reported,
-         tokens->>'finish_reason' = 'length' AS truncated,
-         length(tail) >= 128 AND length(tail) - length(replace(tail, right(tail, 32), '')) >= 4 * 32 AS repeat_candidate
-  FROM t
+  SELECT c.rollout_id, m.position, b.content, k.finish_reason, k.prompt_token_ids AS p, k.generation_token_ids AS gen,
+         coalesce(jsonb_array_length(CASE WHEN jsonb_typeof(b.tool_calls) = 'array' THEN b.tool_calls END), 0) AS calls,
+         coalesce(b.content, '') ~ '\\S' AS has_text, coalesce(b.reasoning_content, '') ~ '\\S' AS has_reasoning,
+         coalesce(k.usage->>'completion_tokens', '0') AS completion, coalesce(k.usage->>'prompt_tokens', '0') AS prompt,
+         right(rtrim(coalesce(b.reasoning_content, '') || E'\\n' || coalesce(b.content, '')), 8000) AS tail
+  FROM health_chain c JOIN messages m ON m.id = c.mid
+  CROSS JOIN LATERAL jsonb_to_record(m.body) AS b(content text, reasoning_content text, tool_calls jsonb)
+  CROSS JOIN LATERAL jsonb_to_record(m.tokens)
+    AS k(finish_reason text, usage jsonb, prompt_token_ids jsonb, generation_token_ids jsonb)
+  WHERE m.role = 'assistant' AND m.tokens IS NOT NULL
+), w AS (
+  SELECT t.*, jsonb_typeof(p) = 'array' AS has_ids, lag(p) OVER o AS prev_p, lag(gen) OVER o AS prev_g,
+         length(tail) >= 128 AND length(tail) - length(replace(tail, right(tail, 32), '')) >= 4 * 32 AS candidate
+  FROM t WINDOW o AS (PARTITION BY rollout_id ORDER BY position)
+), x AS (
+  SELECT w.*, has_ids AND jsonb_typeof(prev_p) = 'array' AND jsonb_typeof(prev_g) = 'array' AS pair FROM w
 )
+SELECT rollout_id, calls = 0 AND NOT has_text AS hollow, content IS NULL AS no_content, has_reasoning,
+       completion = '0' AND prompt <> '0' AS zero_tokens, completion <> '0' OR prompt <> '0' AS usage_reported,
+       finish_reason = 'length' AS truncated, candidate, CASE WHEN candidate THEN tail END AS tail, has_ids, pair,
+       CASE WHEN pair AND jsonb_array_length(prev_p) + jsonb_array_length(prev_g) > 0  -- CASE: AND may not skip it
+            THEN jsonb_path_query_array(p, '$[0 to $n]', jsonb_build_object(
+                   'n', jsonb_array_length(prev_p) + jsonb_array_length(prev_g) - 1)) <> prev_p || prev_g
+            ELSE false END AS drift
+FROM x
 """
 
-TURN_COUNTS = sa.text(TURNS + """
+TURN_COUNTS = sa.text("""
 SELECT count(*) AS turns, count(*) FILTER (WHERE usage_reported) AS usage_reported,
        count(*) FILTER (WHERE hollow) AS hollow,
-       count(*) FILTER (WHERE hollow AND content IS NULL AND NOT has_reasoning) AS hollow_empty,
-       count(*) FILTER (WHERE hollow AND content IS NOT NULL AND NOT has_reasoning) AS hollow_whitespace,
+       count(*) FILTER (WHERE hollow AND no_content AND NOT has_reasoning) AS hollow_empty,
+       count(*) FILTER (WHERE hollow AND NOT no_content AND NOT has_reasoning) AS hollow_whitespace,
        count(*) FILTER (WHERE hollow AND has_reasoning) AS hollow_reasoning_only,
        (array_agg(DISTINCT rollout_id) FILTER (WHERE hollow))[1:(:examples)] AS hollow_examples,
        count(*) FILTER (WHERE zero_tokens) AS zero_tokens,
        (array_agg(DISTINCT rollout_id) FILTER (WHERE zero_tokens))[1:(:examples)] AS zero_tokens_examples,
        count(*) FILTER (WHERE truncated) AS truncated,
        (array_agg(DISTINCT rollout_id) FILTER (WHERE truncated))[1:(:examples)] AS truncated_examples,
-       count(*) FILTER (WHERE repeat_candidate) AS repeat_candidates
-FROM f
+       count(*) FILTER (WHERE candidate) AS repeat_candidates
+FROM health_turns
 """)
 
-REPEAT_CANDIDATES = sa.text(TURNS + "SELECT rollout_id, tail FROM f WHERE repeat_candidate ORDER BY rollout_id "
-                                    "LIMIT :limit")
+REPEAT_CANDIDATES = sa.text("SELECT rollout_id, tail FROM health_turns WHERE candidate ORDER BY rollout_id "
+                            "LIMIT :limit")
+
+DRIFT = sa.text("""
+SELECT count(*) FILTER (WHERE pair) AS pairs, count(DISTINCT rollout_id) FILTER (WHERE pair) AS rollouts,
+       count(*) FILTER (WHERE drift) AS drifted_pairs, count(DISTINCT rollout_id) FILTER (WHERE drift) AS drifted,
+       (array_agg(DISTINCT rollout_id) FILTER (WHERE drift))[1:(:examples)] AS examples,
+       count(*) FILTER (WHERE has_ids) AS turns_with_ids
+FROM health_turns
+""")
 
 # Tool messages after the rollout's first generated turn (earlier ones are the prompt's). A call the environment
 # could not dispatch is stored as a tool message `Error: ...` with tokens.is_error (activities/env_calls.py):
@@ -164,30 +182,6 @@ SELECT count(*) AS calls, count(*) FILTER (WHERE is_error) AS errors,
        (array_agg(DISTINCT rollout_id) FILTER (WHERE is_error AND (bad_arguments OR unknown_tool)))[1:(:examples)]
          AS examples
 FROM t
-""")
-
-# Turn k+1's prompt token ids must start with turn k's prompt + generation ids. Compared as jsonb text (its output
-# is canonical: "[1, 2, 3]"), a prefix test that costs one pass and no unnesting.
-DRIFT = sa.text("""
-WITH g AS (
-  SELECT c.rollout_id, m.tokens->'prompt_token_ids' AS p,
-         lag(m.tokens->'prompt_token_ids') OVER w AS prev_p, lag(m.tokens->'generation_token_ids') OVER w AS prev_g
-  FROM health_chain c JOIN messages m ON m.id = c.mid WHERE m.role = 'assistant' AND m.tokens IS NOT NULL
-  WINDOW w AS (PARTITION BY c.rollout_id ORDER BY m.position)
-), pairs AS (
-  SELECT rollout_id, p::text AS cur, (prev_p || prev_g)::text AS head FROM g
-  WHERE jsonb_typeof(p) = 'array' AND jsonb_typeof(prev_p) = 'array' AND jsonb_typeof(prev_g) = 'array'
-), d AS (
-  SELECT rollout_id, head <> '[]' AND NOT (left(cur, length(head) - 1) = left(head, length(head) - 1)
-                                          AND substr(cur, length(head), 1) IN (',', ']')) AS drift
-  FROM pairs
-)
-SELECT count(*) AS pairs, count(DISTINCT rollout_id) AS rollouts, count(*) FILTER (WHERE drift) AS drifted_pairs,
-       count(DISTINCT rollout_id) FILTER (WHERE drift) AS drifted,
-       (array_agg(DISTINCT rollout_id) FILTER (WHERE drift))[1:(:examples)] AS examples,
-       (SELECT count(*) FROM health_chain c JOIN messages m ON m.id = c.mid
-        WHERE m.role = 'assistant' AND jsonb_typeof(m.tokens->'prompt_token_ids') = 'array') AS turns_with_ids
-FROM d
 """)
 
 TASKS = sa.text("""
@@ -375,8 +369,9 @@ async def run_checks(session: AsyncSession, run_id: str, *, threshold: float = 1
     """Every check of the run, in a stable order; None when the run has no rollouts."""
     if not await known_run(session, run_id):
         return None
-    await session.execute(sa.text("DROP TABLE IF EXISTS health_chain"))
+    await session.execute(sa.text("DROP TABLE IF EXISTS health_chain, health_turns"))
     await session.execute(sa.text(CHAIN), {"run": run_id})
+    await session.execute(sa.text(TURNS))
     checks = await _turn_checks(session)
     checks += [await _tool_check(session), await _drift_check(session)]
     checks += await _task_checks(session, run_id, threshold)
