@@ -38,8 +38,11 @@ class Threshold:
         return "warn" if rate > self.warn_above else "ok"
 
     def describe(self) -> str:
-        fail = "never fails" if self.fail_above is None else f"fail > {self.fail_above:.0%}"
-        return f"warn > {self.warn_above:.0%}, {fail}"
+        def above(rate: float) -> str:
+            return "if any" if rate == 0 else f"> {rate:.0%}"
+
+        return f"warn {above(self.warn_above)}, " + ("never fails" if self.fail_above is None else
+                                                     f"fail {above(self.fail_above)}")
 
 
 # The stated thresholds of each check (docs/operations.md lists them too).
