@@ -159,6 +159,9 @@ def ending_env() -> str:
 
 
 def install_all() -> None:
-    """Both test environments, for a worker process of the tests (tests/conftest.py, GeneratePool)."""
+    """The test environments, for a worker process of the tests (tests/conftest.py, GeneratePool)."""
+    from tests import rescore_env  # imports this module: loaded here, not at the top
+
     _install(NAME, ENTRY_POINT)
     _install(ENDING_NAME, ENDING_ENTRY_POINT)
+    _install(rescore_env.NAME, rescore_env.ENTRY_POINT)

@@ -17,6 +17,7 @@ from gymflow.cli.env_cmd import env
 from gymflow.cli.export_cmd import export
 from gymflow.cli.profile_cmd import check, profile
 from gymflow.cli.report_cmd import report
+from gymflow.cli.rescore_cmd import rescore
 from gymflow.cli.resume_cmd import resume
 from gymflow.cli.show_cmd import show
 from gymflow.cli.stack_cmd import up, worker
@@ -42,6 +43,7 @@ cli.add_command(profile)
 cli.add_command(check)
 cli.add_command(show)
 cli.add_command(resume)
+cli.add_command(rescore)
 cli.add_command(export)
 cli.add_command(view)
 

@@ -24,13 +24,16 @@ def unknown_run_message(run_id: str, known: list[str]) -> str:
     return f"no rollouts recorded for run {run_id!r}{hint}"
 
 
-async def _load(config_path: str | None, run_ids: list[str], top: int, examples: int, ui_url: str | None
-                ) -> tuple[list[RunData], Linker]:
+async def _load(config_path: str | None, run_ids: list[str], top: int, examples: int, ui_url: str | None,
+                score: str = "latest") -> tuple[list[RunData], Linker]:
     settings = settings_or_exit(config_path)
     out = []
     async with store_session(settings, on_wait=lambda m: click.echo(m, err=True)) as session:
         for run_id in run_ids:
-            data = await load_run(session, run_id, per_type=top, examples=examples)
+            try:
+                data = await load_run(session, run_id, per_type=top, examples=examples, score=score)
+            except LookupError as e:
+                raise click.ClickException(str(e)) from None
             if data is None:
                 raise click.ClickException(unknown_run_message(run_id, await recent_runs(session)))
             out.append(data)
@@ -47,14 +50,17 @@ async def _load(config_path: str | None, run_ids: list[str], top: int, examples:
               help="Most frequent messages shown per failure type")
 @click.option("--examples", default=3, show_default=True, type=click.IntRange(1),
               help="Example rollout ids shown per message")
+@click.option("--score", default="latest", show_default=True, metavar="VERSION",
+              help="Which scores: latest (the newest finished `gymflow rescore`, else the collect's own), "
+                   "collected, or a score version's name")
 @ui_url_option
 @config_option
-def report(run_id: str, vs_run: str | None, html_path: str | None, top: int, examples: int, ui_url: str | None,
-           config_path: str | None) -> None:
+def report(run_id: str, vs_run: str | None, html_path: str | None, top: int, examples: int, score: str,
+           ui_url: str | None, config_path: str | None) -> None:
     """Summarise RUN from Postgres: scores and pass@k, latency, failures by type with their most frequent
     messages, example rollout ids and Temporal UI links (`gymflow show ID` prints one rollout)."""
     ids = [run_id] + ([vs_run] if vs_run else [])
-    runs, linker = run(_load(config_path, ids, top, examples, ui_url))
+    runs, linker = run(_load(config_path, ids, top, examples, ui_url, score))
     comparison: Comparison | None = None
     if vs_run:
         comparison = compare_runs(runs[0].rewards_by_task, runs[1].rewards_by_task, label_a=run_id, label_b=vs_run)

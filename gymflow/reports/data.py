@@ -16,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gymflow.kernel.config import Settings
 from gymflow.kernel.connect import resolve_addresses, stack_file, startup_wait_s
 from gymflow.kernel.errors import ConfigError
-from gymflow.kernel.store import reports
+from gymflow.kernel.store import reports, scores
 from gymflow.kernel.store.db import make_engine, make_sessionmaker, migrate_when_reachable
+from gymflow.kernel.store.repo import driver
 
 UI_URL_ENV = "GYMFLOW_UI_URL"
 Row = dict[str, Any]
@@ -32,6 +33,7 @@ class RunData:
     views: dict[str, list[Row]]
     failures: list[Row]  # top messages per failure type (reports.top_failures)
     points: list[Row]  # one row per rollout (reports.rollout_points)
+    score_version: str | None = None  # the rescore whose scores these are (None: the collect's own)
     rewards_by_task: dict[str, list[float]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,11 +103,16 @@ async def store_session(settings: Settings, on_wait: Callable[[str], None] | Non
         await engine.dispose()
 
 
-async def load_run(session: AsyncSession, run_id: str, *, per_type: int = 3, examples: int = 3) -> RunData | None:
-    """The run's report data, or None when it has no rollouts."""
-    points = await reports.rollout_points(session, run_id)
+async def load_run(session: AsyncSession, run_id: str, *, per_type: int = 3, examples: int = 3,
+                   score: str = scores.LATEST) -> RunData | None:
+    """The run's report data, or None when it has no rollouts. `score`: which score version (`latest`: the newest
+    finished rescore, else the collect's own; `collected`; or a version's name); LookupError for an unknown one."""
+    version = await scores.resolve(await driver(session), run_id, score)
+    vid = version.id if version is not None else None
+    points = await reports.rollout_points(session, run_id, vid)
     if not points:
         return None
-    return RunData(run_id=run_id, views=await reports.run_report(session, run_id),
-                   failures=await reports.top_failures(session, run_id, per_type=per_type, examples=examples),
-                   points=points)
+    return RunData(run_id=run_id, views=await reports.run_report(session, run_id, vid),
+                   failures=await reports.top_failures(session, run_id, per_type=per_type, examples=examples,
+                                                       version_id=vid),
+                   points=points, score_version=version.name if version is not None else None)

@@ -78,7 +78,9 @@ def pass_at_k_summary(curve: Sequence[PassAtK]) -> str:
 
 
 def render_scores(console: Console, data: RunData) -> None:
-    _heading(console, f"Scores (run_scores) of run {data.run_id}")
+    version = f", score version {data.score_version} (a rescore; --score collected: the collect's own)" \
+        if data.score_version else ""
+    _heading(console, f"Scores (run_scores) of run {data.run_id}{version}")
     curve = pass_at_k_curve(data.rewards_by_task)
     for s in data.views["run_scores"]:
         scored = sum(len(r) for r in data.rewards_by_task.values())

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.store.episodes import read_chain
 from gymflow.kernel.store.repo import driver
+from gymflow.kernel.store.scores import SCORED_ROLLOUTS
 
 VIEWS = ("run_scores", "failure_counts", "latency_percentiles")
 Row = dict[str, Any]
@@ -49,29 +50,67 @@ FROM generations WHERE rollout_id = :rid ORDER BY turn
 """)
 
 
+# The 0002 views that read scores, over a chosen score version (migration 0009) instead of the collect's own.
+_VERSIONED_VIEWS = {
+    "run_scores": """
+WITH per_task AS (
+  SELECT run_id, env, model, task_id,
+         count(*) FILTER (WHERE status = 'completed' AND NOT masked) AS scored,
+         max(reward) FILTER (WHERE status = 'completed' AND NOT masked) AS best
+  FROM rollouts GROUP BY run_id, env, model, task_id
+)
+SELECT rollouts.run_id, rollouts.env, rollouts.model, count(*) AS rollouts,
+       count(*) FILTER (WHERE rollouts.status = 'completed') AS completed,
+       count(*) FILTER (WHERE rollouts.status = 'failed') AS failed,
+       count(*) FILTER (WHERE rollouts.status = 'running') AS running,
+       count(*) FILTER (WHERE rollouts.masked) AS masked,
+       avg(rollouts.reward) FILTER (WHERE rollouts.status = 'completed' AND NOT rollouts.masked) AS mean_reward,
+       (SELECT avg(CASE WHEN p.best >= 1 THEN 1.0 ELSE 0.0 END) FROM per_task p
+         WHERE p.run_id = rollouts.run_id AND p.env = rollouts.env AND p.model = rollouts.model
+           AND p.scored > 0) AS pass_at_k
+FROM rollouts GROUP BY rollouts.run_id, rollouts.env, rollouts.model""",
+    "failure_counts": """
+SELECT run_id, env, model, coalesce(failure_type, 'none') AS failure_type, status, masked, count(*) AS n
+FROM rollouts WHERE status = 'failed' OR masked GROUP BY 1, 2, 3, 4, 5, 6""",
+}
+_SCORED = SCORED_ROLLOUTS.replace("%(version)s", ":version").replace("%(run)s", ":run")
+
+
+def _over(statement: str | sa.TextClause, version_id: str | None) -> sa.TextClause:
+    """`statement` reading `rollouts`, made to read the rollouts as score version `version_id` scored them."""
+    text = statement.text if isinstance(statement, sa.TextClause) else statement
+    return sa.text(text if version_id is None else text.replace("FROM rollouts", "FROM " + _SCORED))
+
+
 async def _rows(session: AsyncSession, statement: sa.TextClause, **params: Any) -> list[Row]:
     return [dict(r._mapping) for r in await session.execute(statement, params)]
 
 
-async def run_report(session: AsyncSession, run_id: str) -> dict[str, list[Row]]:
-    """Rows of each view for one run, keyed by view name."""
+async def run_report(session: AsyncSession, run_id: str, version_id: str | None = None) -> dict[str, list[Row]]:
+    """Rows of each view for one run, keyed by view name; the scores of `version_id` where given."""
     out: dict[str, list[Row]] = {}
     for view in VIEWS:
+        if version_id is not None and view in _VERSIONED_VIEWS:
+            out[view] = await _rows(session, _over(_VERSIONED_VIEWS[view], version_id), run=run_id,
+                                    version=version_id)
+            continue
         result = await session.execute(sa.text(f"SELECT * FROM {view} WHERE run_id = :run"), {"run": run_id})
         out[view] = [dict(r._mapping) for r in result]
     return out
 
 
-async def top_failures(session: AsyncSession, run_id: str, *, per_type: int = 3, examples: int = 3) -> list[Row]:
+async def top_failures(session: AsyncSession, run_id: str, *, per_type: int = 3, examples: int = 3,
+                       version_id: str | None = None) -> list[Row]:
     """The `per_type` most frequent messages of each failure type (failed or masked rollouts), most frequent type
     first, each with its count `n`, the type's total `type_n`, its number of distinct `messages` and up to
     `examples` rollout ids."""
-    return await _rows(session, TOP_FAILURES, run=run_id, per_type=per_type, examples=examples)
+    return await _rows(session, _over(TOP_FAILURES, version_id), run=run_id, per_type=per_type, examples=examples,
+                       version=version_id)
 
 
-async def rollout_points(session: AsyncSession, run_id: str) -> list[Row]:
+async def rollout_points(session: AsyncSession, run_id: str, version_id: str | None = None) -> list[Row]:
     """One small row per rollout of the run (reward, status, latency, times) for statistics and plots."""
-    return await _rows(session, ROLLOUT_POINTS, run=run_id)
+    return await _rows(session, _over(ROLLOUT_POINTS, version_id), run=run_id, version=version_id)
 
 
 async def recent_runs(session: AsyncSession, limit: int = 5) -> list[str]:
