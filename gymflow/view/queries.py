@@ -67,7 +67,7 @@ _TABLE_COLUMNS = ("r.id, r.task_id, r.sample_index, r.status, r.reward, r.masked
 
 PAGE_POLICIES = sa.text("""
 SELECT rollout_id, array_agg(DISTINCT tokens->>'policy_version' ORDER BY tokens->>'policy_version') AS versions
-FROM messages WHERE rollout_id = ANY(:ids) AND role = 'assistant' AND tokens ? 'policy_version'
+FROM messages WHERE rollout_id = ANY(:ids) AND role = 'assistant' AND tokens->>'policy_version' IS NOT NULL
 GROUP BY rollout_id
 """)
 
