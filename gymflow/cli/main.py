@@ -19,6 +19,7 @@ from gymflow.cli.profile_cmd import check, profile
 from gymflow.cli.report_cmd import report
 from gymflow.cli.rescore_cmd import rescore
 from gymflow.cli.resume_cmd import resume
+from gymflow.cli.review_cmd import review
 from gymflow.cli.show_cmd import show
 from gymflow.cli.stack_cmd import up, worker
 from gymflow.cli.view_cmd import view
@@ -44,6 +45,7 @@ cli.add_command(check)
 cli.add_command(show)
 cli.add_command(resume)
 cli.add_command(rescore)
+cli.add_command(review)
 cli.add_command(export)
 cli.add_command(view)
 
