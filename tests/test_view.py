@@ -104,6 +104,7 @@ async def test_view_in_a_browser(gf, scripted, stack, run_id, tmp_path):
             # Run: summary, plots, failures, checks (fetched after the page), profile, the table.
             await row.locator("a").click()
             await page.wait_for_selector("#checks")
+            await page.wait_for_selector("#profile-line")
             assert (await page.inner_text("#mean-reward")).strip() == "0.3333"
             assert "context_length_exceeded" in await page.inner_text("#failure-types")
             assert await page.locator("#checks tr[data-check]").count() >= 8

@@ -94,6 +94,14 @@ async def health(request: web.Request) -> web.Response:
     return _html(pages.health_fragment(checks))
 
 
+async def details(request: web.Request) -> web.Response:
+    run_id = request.match_info["run"]
+    async with _session(request) as s:
+        if await pages.run_exists(s, run_id):
+            return _html(await fragments.details_of(request.app[CACHE], s, run_id))
+        return _html(await pages.not_found_page(s, "run", run_id), status=404)
+
+
 async def rollout(request: web.Request) -> web.Response:
     rid = request.match_info["rid"]
     page_no = _int(request.query.get("page"), 1)
@@ -162,6 +170,7 @@ def make_app(database_url: str, linker: Linker, *, pool_size: int = 4) -> web.Ap
     app.router.add_get("/runs/{run}", run)
     app.router.add_get("/runs/{run}/plots/{name}.svg", plot)
     app.router.add_get("/runs/{run}/health", health)
+    app.router.add_get("/runs/{run}/details", details)
     # Most specific first: a rollout id ends with its sample number, never with these words.
     app.router.add_get(r"/rollouts/{rid:.+}/tokens", tokens)
     app.router.add_get(r"/rollouts/{rid:.+}/text/{index:\d+}/{field}", text)

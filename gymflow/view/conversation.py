@@ -51,7 +51,7 @@ class Shown:
         return usage if isinstance(usage, dict) else {}
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
@@ -62,10 +62,10 @@ def _tool_calls(raw: Any, cut: int) -> list[ToolCall]:
     for call in raw:
         fn = call.get("function") if isinstance(call, dict) else None
         fn = fn if isinstance(fn, dict) else {}
-        args = _text(fn.get("arguments", ""))
-        out.append(ToolCall(name=_text(fn.get("name", "?")), call_id=_text(call.get("id", "") if isinstance(call, dict)
-                                                                           else ""),
-                            arguments=args[:cut], arguments_len=len(args)))
+        args = as_text(fn.get("arguments", ""))
+        call_id = call.get("id", "") if isinstance(call, dict) else ""
+        out.append(ToolCall(name=as_text(fn.get("name", "?")), call_id=as_text(call_id), arguments=args[:cut],
+                            arguments_len=len(args)))
     return out
 
 
@@ -91,11 +91,11 @@ def from_transcript(transcript: list[Any], first_index: int, turns: dict[int, in
     for i, m in enumerate(transcript, start=first_index):
         m = dict(m) if isinstance(m, dict) else {"role": "?", "content": m}
         content = m.pop("content", None)
-        text = None if content is None else _text(content)
+        text = None if content is None else as_text(content)
         reasoning = m.pop("reasoning_content", None)
-        reasoning = None if reasoning is None else _text(reasoning)
+        reasoning = None if reasoning is None else as_text(reasoning)
         calls = m.pop("tool_calls", None)
-        role = _text(m.pop("role", "?"))
+        role = as_text(m.pop("role", "?"))
         out.append(Shown(index=i, role=role, content=None if text is None else text[:cut],
                          content_len=len(text or ""), reasoning=None if reasoning is None else reasoning[:cut],
                          reasoning_len=len(reasoning or ""), tool_calls=_tool_calls(calls, cut), extra=m,

@@ -62,6 +62,13 @@ async def plots_of(cache: Cache, session: AsyncSession, run_id: str) -> dict[str
     return await cache.get(key, make)
 
 
+async def details_of(cache: Cache, session: AsyncSession, run_id: str) -> str:
+    from gymflow.view.pages import details_fragment  # pages imports this module
+
+    key = ("details", run_id, await queries.fingerprint(session, run_id))
+    return await cache.get(key, lambda: details_fragment(session, run_id))
+
+
 async def checks_of(cache: Cache, session: AsyncSession, run_id: str) -> list[Check] | None:
     key = ("checks", run_id, await queries.fingerprint(session, run_id))
     return await cache.get(key, lambda: run_checks(session, run_id))

@@ -10,9 +10,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gymflow.kernel.store.reports import recent_runs, similar_rollout_ids, top_failures
 from gymflow.reports.data import Linker
-from gymflow.reports.health import Check
+from gymflow.reports.health import Check, known_run
 from gymflow.reports.profile import load_profile
-from gymflow.view import conversation, filters, queries
+from gymflow.view import conversation, filters, fragments, queries
 from gymflow.view.render import page
 
 PROFILE_TASKS = 100  # tasks listed on the run page; `gymflow profile RUN` lists every one
@@ -21,6 +21,10 @@ TEXT_FIELDS = ("content", "reasoning_content", "tool_calls")
 
 async def runs_page(session: AsyncSession) -> str:
     return page("runs.html", runs=await queries.runs(session))
+
+
+async def run_exists(session: AsyncSession, run_id: str) -> bool:
+    return await known_run(session, run_id)
 
 
 async def not_found_page(session: AsyncSession, kind: str, ident: str) -> str:
@@ -37,14 +41,21 @@ async def run_page(session: AsyncSession, run_id: str, query: Mapping[str, str])
     if summary is None:
         return None
     q = filters.parse(query)
-    rows, total = await queries.table_page(session, run_id, q)
-    profile = await load_profile(session, run_id)
+    # Unfiltered, the count is the run's own: one scan fewer.
+    rows, total = await queries.table_page(session, run_id, q, total=None if q.filters else int(summary["rollouts"]))
     return page("run.html", run=summary, q=q, rows=rows, total=total, pages=max(1, -(-total // q.size)),
-                failure_types=await queries.failure_types(session, run_id),
+                failure_types=await queries.failure_types(session, run_id), statuses=filters.STATUSES,
+                plots=fragments.PLOTS)
+
+
+async def details_fragment(session: AsyncSession, run_id: str) -> str:
+    """The run page's per-task profile, latency percentiles and most frequent failure messages (each reads every
+    rollout of the run, so they come after the page, cached by `fragments`)."""
+    profile = await load_profile(session, run_id)
+    return page("details.html", q=filters.TableQuery(), profile=profile,
+                profile_tasks=profile.tasks[:PROFILE_TASKS] if profile else [],
                 failures=await top_failures(session, run_id, per_type=3, examples=3),
-                latency=await queries.latency(session, run_id), profile=profile,
-                profile_tasks=profile.tasks[:PROFILE_TASKS] if profile else [], statuses=filters.STATUSES,
-                plots=("reward", "pass_at_k", "latency", "failures"))
+                latency=await queries.latency(session, run_id))
 
 
 def health_fragment(checks: list[Check]) -> str:
@@ -107,7 +118,7 @@ async def message_text(session: AsyncSession, rollout_id: str, index: int, field
         transcript = await queries.old_transcript(session, rollout_id)
         if 0 <= index < len(transcript) and isinstance(transcript[index], dict):
             value = transcript[index].get(field)
-            return value if isinstance(value, str) or value is None else conversation._text(value)
+            return value if isinstance(value, str) or value is None else conversation.as_text(value)
     return None
 
 

@@ -18,13 +18,20 @@ CUT = 20_000  # characters of a message field shown inline; the rest behind a li
 # times, and the policy versions current while it ran (policy_versions of its models: the one current at its
 # start and every one declared until its end); reading each turn's stamp would detoast every token list.
 _RUNS = """
-WITH s AS (
-  SELECT run_id, array_agg(DISTINCT env) AS envs, array_agg(DISTINCT model) AS models, count(*) AS rollouts,
+WITH g AS (  -- hashed by (run, env, model) first: array_agg(DISTINCT) over every row would sort them all
+  SELECT run_id, env, model, count(*) AS rollouts,
          count(*) FILTER (WHERE status = 'completed') AS completed, count(*) FILTER (WHERE status = 'failed') AS failed,
          count(*) FILTER (WHERE status = 'running') AS running, count(*) FILTER (WHERE masked) AS masked,
-         avg(reward) FILTER (WHERE status = 'completed' AND NOT masked) AS mean_reward,
+         sum(reward) FILTER (WHERE status = 'completed' AND NOT masked) AS reward_sum,
+         count(reward) FILTER (WHERE status = 'completed' AND NOT masked) AS scored,
          min(started_at) AS started_at, max(finished_at) AS finished_at
-  FROM rollout_rows {where} GROUP BY run_id
+  FROM rollout_rows {where} GROUP BY run_id, env, model
+), s AS (
+  SELECT run_id, array_agg(DISTINCT env) AS envs, array_agg(DISTINCT model) AS models, sum(rollouts) AS rollouts,
+         sum(completed) AS completed, sum(failed) AS failed, sum(running) AS running, sum(masked) AS masked,
+         sum(reward_sum) / nullif(sum(scored), 0) AS mean_reward, min(started_at) AS started_at,
+         max(finished_at) AS finished_at
+  FROM g GROUP BY run_id
 ), t AS (
   SELECT run_id, max(reward) AS best FROM rollout_rows {where_t}
   GROUP BY run_id, task_id HAVING count(*) FILTER (WHERE status = 'completed' AND NOT masked) > 0
@@ -150,12 +157,14 @@ async def fingerprint(session: AsyncSession, run_id: str) -> tuple[Any, ...]:
     return tuple((await session.execute(FINGERPRINT, {"run": run_id})).one())
 
 
-async def table_page(session: AsyncSession, run_id: str, q: TableQuery) -> tuple[list[Row], int]:
-    """One page of the run's rollout table under `q`, and how many rollouts match in all."""
+async def table_page(session: AsyncSession, run_id: str, q: TableQuery, total: int | None = None
+                     ) -> tuple[list[Row], int]:
+    """One page of the run's rollout table under `q`, and how many rollouts match in all (counted unless given)."""
     where, params = q.where()
     params["run"] = run_id
-    total = await session.scalar(sa.text(f"SELECT count(*) FROM rollout_rows r WHERE r.run_id = :run{where}"),
-                                 params)
+    if total is None:
+        total = await session.scalar(sa.text(f"SELECT count(*) FROM rollout_rows r WHERE r.run_id = :run{where}"),
+                                     params)
     rows = await _rows(session, sa.text(
         f"SELECT {_TABLE_COLUMNS} FROM rollout_rows r WHERE r.run_id = :run{where} "
         f"ORDER BY {q.order_by()} LIMIT :limit OFFSET :offset"), **params, limit=q.size, offset=q.offset)
