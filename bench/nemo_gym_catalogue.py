@@ -561,7 +561,28 @@ async def run_batch(plans: list[Plan], work: Path, parallel: int, timeout: float
 
 # Why each disagreement or not-runnable server is what it is, from reading its rows, log and code (the bench's
 # own evidence is appended: the NeMo Gym error, gymflow's failure, the rewards).
-EXPLAINED: dict[str, str] = {}
+EXPLAINED: dict[str, str] = {
+    "example_mcp_weather": (
+        "gymflow gap (MCP tools): the rows offer no tools (`tools: []`); the server exposes `get_weather` over MCP "
+        "(`expose_tools_over_mcp: true`), which NeMo Gym's agent lists from the endpoint /seed_session announces. "
+        "gymflow lets a model call only the row's tools, so the recorded `get_weather` call is answered 'unknown "
+        "tool' without reaching the server; the session holds no weather call and verify scores 0. NeMo Gym, "
+        "posting /get_weather as its simple agent does, scores 1 (= recorded)"),
+    "example_tool_call_multireward": (
+        "gymflow by design: NeMo Gym's reward is 2.0 (a sum of reward components, = recorded); gymflow records "
+        "rewards in [0, 1] and masks one outside (environments/nemo_gym.py `_score`, verifier_failed)"),
+    "generative_reward_model": (
+        "gymflow by design: NeMo Gym's reward is -1 on 4 rows (= recorded; its scale is [-1, 1]); gymflow records "
+        "rewards in [0, 1] and masks one outside (environments/nemo_gym.py `_score`, verifier_failed); the row "
+        "scored 1 agrees"),
+}
+_IMAGE_PROMPT = ("gymflow gap (image prompts): the prompt carries an image (`input_image` content part); gymflow's "
+                 "dataset loader takes text parts only (`responses_create_params.input[i].content[0]: expected a "
+                 "text part`), so the rows do not load")
+for _name in ("circle_click", "circle_count", "gui_coordinate"):
+    EXPLAINED[_name] = _IMAGE_PROMPT
+# The class of why a server is not runnable, where the refusal or the error does not say it (see `reason`).
+REASONS: dict[str, str] = {}
 
 
 def _num(v: Any) -> str:
@@ -570,6 +591,7 @@ def _num(v: Any) -> str:
 
 def _short(text: str, n: int = 220) -> str:
     text = re.sub(r"\s+", " ", text or "").strip()
+    text = re.sub(r"/\S*?/site-packages/", "", text)  # the venv's paths say nothing the server's name does not
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -602,69 +624,115 @@ def _why(result: dict[str, Any]) -> str:
             groups.setdefault(key, []).append(f"{r['row']} (NeMo Gym {_num(n.get('reward'))}, recorded "
                                               f"{_num(r['recorded'])})")
     parts += [f"row {', '.join(v)}: {k}" for k, v in groups.items()]
+    off = [f"{r['row']} ({_num(r['nemo_gym']['reward'])} vs {_num(r['recorded'])})" for r in rows
+           if r["verdict"] != "not runnable" and not r["nemo_matches_recorded"]]
+    if off and not result.get("judge"):
+        parts.append(f"NeMo Gym's own verdict differs from the recorded reward on row {', '.join(off)}")
     if result.get("judge") and not parts:
         parts.append(f"fake judge for {', '.join(result['judge'])}")
     return "; ".join(parts).replace("|", "\\|")
 
 
-def render(work: Path, servers: list[str], command: str) -> str:
-    results = {}
-    for name in servers:
-        f = work / "results" / f"{name}.json"
-        if f.exists():
-            results[name] = json.loads(f.read_text())
-    lines, totals = [], Counter()
+def _shipped_rows(server: str) -> int:
+    """Lines of the server's example_rollouts.jsonl (a refused server's rows are never read)."""
+    path = catalogue.server(server).folder / "data" / "example_rollouts.jsonl"
+    return sum(1 for line in path.read_text(errors="replace").splitlines() if line.strip()) if path.exists() else 0
+
+
+def _first_error(result: dict[str, Any]) -> str:
+    for row in result["rows"]:
+        n = row["nemo_gym"]
+        if "error" in n:
+            return f"{n.get('error', '')} {n.get('log', '')}"
+    return ""
+
+
+def reason(result: dict[str, Any]) -> str:
+    """The class of why a server is not runnable here: REASONS, else read off the refusal or NeMo Gym's error."""
+    if result["server"] in REASONS:
+        return REASONS[result["server"]]
+    text = f"{result.get('not_runnable') or ''} {_first_error(result)}"
+    agents = result.get("agents") or []
+    found = []  # (where in the text, label): the reason named first is the one given
+    for key, label in (("sandbox provider", "needs a sandbox provider"),
+                       ("URL or path", "needs packages from git or a URL"),
+                       ("not installed", "needs packages not installed here"),
+                       ("No module named", "needs packages not installed here"), ("network", "needs the network"),
+                       ("URLError", "needs the network"), ("Name or service not known", "needs the network"),
+                       ("uv is required", "needs packages not installed here"),
+                       ("data not shipped", "data not shipped"), ("values nobody set", "config values nobody set"),
+                       ("no verdict within", "no verdict within the time limit"),
+                       ("no answer on /health", "no verdict within the time limit")):
+        if key in text:
+            found.append((text.index(key), label))
+    if found:
+        return min(found)[1]
+    if "/seed_session HTTP 404" in text and agents and "simple_agent" not in agents:
+        return "another agent's protocol (not seed/verify)"
+    if "HTTP 422" in text:
+        return "NeMo Gym's own schema rejects the rollout file"
+    return "fails inside NeMo Gym"
+
+
+def _tally(results: dict[str, dict[str, Any]]) -> tuple[Counter[str], Counter[str]]:
+    totals: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
+    for r in results.values():
+        c = Counter(row["verdict"] for row in r["rows"])
+        totals.update({f"rows {k}": v for k, v in c.items()})
+        if r.get("not_runnable") or not c["agree"] + c["disagree"]:
+            totals["servers not runnable"] += 1
+            reasons[reason(r)] += 1
+        elif c["disagree"]:
+            totals["servers with a disagreement"] += 1
+        else:
+            totals["servers agreeing on every row NeMo Gym verifies"] += 1
+            totals["... of them on every row"] += not c["not runnable"]
+    return totals, reasons
+
+
+def render(work: Path, servers: list[str], command: str) -> str:
+    results = {n: json.loads(f.read_text()) for n in servers if (f := work / "results" / f"{n}.json").exists()}
+    lines = []
     for name in servers:
         r = results.get(name)
         if r is None:
             lines.append(f"| {name} | - | - | - | - | not reached yet |")
-            totals["not reached"] += 1
             continue
         c = Counter(row["verdict"] for row in r["rows"])
-        totals.update({f"rows {k}": v for k, v in c.items()})
-        if r.get("not_runnable"):
-            totals["servers not runnable"] += 1
-            reasons[_reason(r["not_runnable"])] += 1
-        elif c["disagree"]:
-            totals["servers with a disagreement"] += 1
-        elif c["agree"]:
-            totals["servers agreeing on every row"] += 1 if not c["not runnable"] else 0
-            totals["servers agreeing on every row NeMo Gym can verify"] += 1
-        nr = c["not runnable"] or ("all" if r.get("not_runnable") and not r["rows"] else 0)
-        lines.append(f"| {name} | {len(r['rows'])} | {c['agree']} | {c['disagree']} | {nr} | {_why(r)} |")
+        runnable = not r.get("not_runnable") and c["agree"] + c["disagree"]
+        nr = c["not runnable"] if runnable else f"all ({reason(r)})"
+        rows = len(r["rows"]) or _shipped_rows(name)
+        lines.append(f"| {name} | {rows} | {c['agree']} | {c['disagree']} | {nr} | {_why(r)} |")
+    totals, reasons = _tally(results)
+    order = ("servers agreeing on every row NeMo Gym verifies", "... of them on every row",
+             "servers with a disagreement", "servers not runnable", "rows agree", "rows disagree", "rows not runnable")
+    missing = len(servers) - len(results)
     head = [
         "# NeMo Gym's catalogue, measured",
         "",
         "Every NeMo Gym 0.7.0 resources server installed here, its recorded rollouts (`data/example_rollouts.jsonl`)",
         "scored twice: by NeMo Gym's own server code (started as `ng_run` starts it, driven as its simple agent",
-        "drives it: `/seed_session` with the row, `/verify` with the row and the recorded `response`) and by gymflow's",
-        "full stack (Temporal, Postgres, the three pools; the `nemo_gym` environment with a recorded model replaying",
-        "the row's model turns, its tool calls run on the server again). `agree`/`disagree` compare gymflow's reward",
-        "with NeMo Gym's own verdict; `not runnable` counts rows NeMo Gym itself cannot verify here. Servers whose",
-        f"config calls a model get the same fake judge on both sides (every answer `{JUDGE_VERDICT}`).",
+        "drives it: `/seed_session` with the row, the recorded tool calls, `/verify` with the row and the recorded",
+        "`response`) and by gymflow's full stack (Temporal, Postgres, the three pools; the `nemo_gym` environment",
+        "with a recorded model replaying the row's model turns, its tool calls run on the server again, the verify",
+        "request built from gymflow's transcript). `agree`/`disagree` compare gymflow's reward with NeMo Gym's own",
+        "verdict; `not runnable` counts rows NeMo Gym itself cannot verify here (`all (reason)`: the whole server).",
+        f"Servers whose config calls a model get the same fake judge on both sides (every answer `{JUDGE_VERDICT}`),",
+        "so their rewards test the plumbing, not the recorded judge's verdicts.",
         "",
-        f"- command: `{command}`",
+        f"- command: `{command}` (bench/nemo_gym_catalogue.py)",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()} (gymflow), NeMo Gym 0.7.0 on "
-        f"{catalogue.python()}",
-        f"- servers: {len(servers)}; " + ", ".join(f"{k}: {v}" for k, v in sorted(totals.items())),
-        "- not runnable, by reason: " + ", ".join(f"{k}: {v}" for k, v in reasons.most_common()),
+        f"{os.cpu_count()} cores, gymflow on Python {platform.python_version()}, NeMo Gym 0.7.0 on its own "
+        "Python 3.13 (`.nemo313`)",
+        f"- servers: {len(servers)}" + (f" ({missing} not reached yet)" if missing else "") + "; "
+        + "; ".join(f"{k}: {totals[k]}" for k in order),
+        "- not runnable, by reason: " + "; ".join(f"{k}: {v}" for k, v in reasons.most_common()),
         "",
         "| server | rows | agree | disagree | not runnable | why |",
         "|---|---|---|---|---|---|",
     ]
     return "\n".join(head + lines) + "\n"
-
-
-def _reason(text: str) -> str:
-    for key, label in (("sandbox", "sandbox provider"), ("network", "network"),
-                       ("URL or path", "packages from git/URL"), ("not installed", "packages not installed"),
-                       ("data not shipped", "data not shipped"), ("values nobody set", "config values unset"),
-                       ("no verdict within", "timeout")):
-        if key in text:
-            return label
-    return "fails inside NeMo Gym"
 
 
 # ---- main -----------------------------------------------------------------------------------------------------
