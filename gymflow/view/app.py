@@ -66,7 +66,7 @@ async def runs(request: web.Request) -> web.Response:
 async def run(request: web.Request) -> web.Response:
     run_id = request.match_info["run"]
     async with _session(request) as s:
-        body = await pages.run_page(s, run_id, request.query)
+        body = await pages.run_page(s, run_id, request.query, request.app[CACHE])
         if body is None:
             return _html(await pages.not_found_page(s, "run", run_id), status=404)
     return _html(body)

@@ -62,6 +62,17 @@ async def plots_of(cache: Cache, session: AsyncSession, run_id: str) -> dict[str
     return await cache.get(key, make)
 
 
+async def summary_of(cache: Cache, session: AsyncSession, run_id: str) -> tuple[queries.Row | None, list[queries.Row]]:
+    """The run's summary row (None when it has no rollouts) and its failure types."""
+    key = ("summary", run_id, await queries.fingerprint(session, run_id))
+
+    async def make() -> tuple[queries.Row | None, list[queries.Row]]:
+        summary = await queries.run_summary(session, run_id)
+        return summary, (await queries.failure_types(session, run_id) if summary else [])
+
+    return await cache.get(key, make)
+
+
 async def details_of(cache: Cache, session: AsyncSession, run_id: str) -> str:
     from gymflow.view.pages import details_fragment  # pages imports this module
 

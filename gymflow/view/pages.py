@@ -36,15 +36,17 @@ async def not_found_page(session: AsyncSession, kind: str, ident: str) -> str:
     return page("not_found.html", kind=kind, ident=ident, near=near)
 
 
-async def run_page(session: AsyncSession, run_id: str, query: Mapping[str, str]) -> str | None:
-    summary = await queries.run_summary(session, run_id)
+async def run_page(session: AsyncSession, run_id: str, query: Mapping[str, str], cache: fragments.Cache
+                   ) -> str | None:
+    # The summary and failure types scan the whole run: kept per run state (one cheaper scan) for the next page.
+    summary, failure_types = await fragments.summary_of(cache, session, run_id)
     if summary is None:
         return None
     q = filters.parse(query)
     # Unfiltered, the count is the run's own: one scan fewer.
     rows, total = await queries.table_page(session, run_id, q, total=None if q.filters else int(summary["rollouts"]))
     return page("run.html", run=summary, q=q, rows=rows, total=total, pages=max(1, -(-total // q.size)),
-                failure_types=await queries.failure_types(session, run_id), statuses=filters.STATUSES,
+                failure_types=failure_types, statuses=filters.STATUSES,
                 plots=fragments.PLOTS)
 
 
