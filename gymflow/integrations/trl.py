@@ -257,9 +257,11 @@ class GymflowRollout:
         try:
             reply = load_weights(sync.base_url, sync.token, path, version, timeout_s=sync.timeout_s)
         except (RuntimeError, httpx.HTTPError) as e:
+            shutil.rmtree(path, ignore_errors=True)  # a retry saves it again; 540 MB should not pile up
             raise WeightLoadError(f"{version} not loaded ({e}); the server keeps serving {previous} and {version} "
                                   "was not declared") from e
         if reply.get("policy_version") != version:
+            shutil.rmtree(path, ignore_errors=True)
             raise WeightLoadError(f"{version}: the server answered {str(reply)[:300]}; it keeps serving {previous} "
                                   f"and {version} was not declared")
 

@@ -1,0 +1,193 @@
+"""gymflow.integrations.trl: TRL's GRPOTrainer `rollout_func` against the real stack (groups from repeated
+prompts, token-exact outputs, env masks, rewards, epochs), its faults (bad prompts, an exhausted dataset, the
+stack down, weights that fail to load, versions out of order), and TRL's own SFT / DPO trainers on exports."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from gymflow.workers.local_stack import free_port
+from temporalio.client import Client
+
+from gymflow.client import GymflowClient
+from gymflow.integrations.loop import LoopThread
+from gymflow.integrations.trl import (
+    DatasetExhausted,
+    GymflowRollout,
+    StackUnavailable,
+    VersionOrderError,
+    WeightLoadError,
+    WeightSync,
+    gymflow_reward,
+)
+from gymflow.kernel.wire import ChatMessage
+from gymflow.testing.scripted_openai import assistant_token_ids, prompt_token_ids, token_logprob, weather_responder
+from gymflow.training.policy import current_policy_version
+from tests.helpers import weather_task
+
+
+def _task(task_id: str, city: str):
+    base = weather_task(task_id)
+    system = [m for m in base.messages if m.role == "system"]
+    return base.model_copy(update={"messages": (*system, ChatMessage(role="user", content=f"Weather in {city}?"))})
+
+
+def _trainer(step: int = 0, model: object = None) -> SimpleNamespace:
+    return SimpleNamespace(state=SimpleNamespace(global_step=step), processing_class=None, model=model)
+
+
+@pytest.fixture
+def tokenized(scripted):
+    scripted.responder, scripted.tokenizer = weather_responder, "deterministic"  # a tool call, then an answer
+    yield scripted
+    scripted.responder, scripted.tokenizer = None, None
+
+
+async def test_repeated_prompts_become_groups_with_token_exact_outputs(gf, tokenized, sql, run_id):
+    tasks = [_task("a", "Oslo"), _task("b", "Lima")]
+    rollout = GymflowRollout(gf, asyncio.get_running_loop(), run_id, tasks, model="vllm", num_generations=2,
+                             epochs=2)
+    rows = {r["task_id"]: r["prompt"] for r in rollout.dataset_rows()}
+    prompts = [rows["b"]] * 2 + [rows["a"]] * 2  # TRL's order: each prompt num_generations times in a row
+    out = await asyncio.to_thread(rollout, prompts, _trainer())
+
+    assert out["gymflow_rollout_id"] == [f"{run_id}/b/0", f"{run_id}/b/1", f"{run_id}/a/0", f"{run_id}/a/1"]
+    assert out["gymflow_group_id"] == [f"{run_id}/b/e0"] * 2 + [f"{run_id}/a/e0"] * 2
+    for i, rid in enumerate(out["gymflow_rollout_id"]):
+        (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", rid)[0]
+        assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool", "assistant"]
+        # What the server saw and generated, recomputed from the stored conversation.
+        p0, g0 = prompt_token_ids(transcript[:2]), assistant_token_ids(None, transcript[2]["tool_calls"])
+        p1, g1 = prompt_token_ids(transcript[:4]), assistant_token_ids(transcript[4]["content"], None)
+        tool = p1[len(p0) + len(g0):]  # the tool result and the template's glue: the environment's tokens
+        assert out["prompt_ids"][i] == p0
+        assert out["completion_ids"][i] == g0 + tool + g1
+        assert out["env_mask"][i] == [1] * len(g0) + [0] * len(tool) + [1] * len(g1)
+        assert out["logprobs"][i] == [token_logprob(t) if m else 0.0
+                                      for t, m in zip(out["completion_ids"][i], out["env_mask"][i], strict=True)]
+    assert out["gymflow_reward"] == [1.0] * 4
+    assert gymflow_reward([None] * 4, **out) == [1.0] * 4  # the reward function TRL calls
+    assert [len(rollout.last_groups), *[g.verdict for g in rollout.last_groups]] == [2, "complete", "complete"]
+
+    # The same task again is its next epoch: new rollouts, new group; a third would be past epochs=2.
+    again = await asyncio.to_thread(rollout, [rows["a"]] * 2, _trainer())
+    assert again["gymflow_rollout_id"] == [f"{run_id}/a/2", f"{run_id}/a/3"]
+    assert again["gymflow_group_id"] == [f"{run_id}/a/e1"] * 2
+    with pytest.raises(DatasetExhausted, match=r"group 3 of task 'a'.*2 tasks x 2 epochs = 4 groups"):
+        await asyncio.to_thread(rollout, [rows["a"]] * 2, _trainer())
+    assert rollout.groups_used == {"a": 2, "b": 1}  # a refused call consumes nothing
+    # Export groups them the same way (run samples_per_task = num_generations).
+    assert sql("SELECT samples_per_task FROM runs WHERE id = %s", run_id) == [(2,)]
+
+
+class _NoClient:
+    settings = None
+
+
+def test_prompts_that_are_not_whole_groups_are_refused():
+    loop = asyncio.new_event_loop()
+    try:
+        rollout = GymflowRollout(_NoClient(), loop, "r", [_task("a", "Oslo"), _task("b", "Lima")],  # type: ignore
+                                 model="vllm", num_generations=2)
+        a, b = (r["prompt"] for r in rollout.dataset_rows())
+        with pytest.raises(ValueError, match="got 3 prompts; expected a positive multiple of num_generations=2"):
+            rollout([a, a, b], _trainer())
+        with pytest.raises(ValueError, match="prompts 0..1 are not 2 copies of one prompt"):
+            rollout([a, b], _trainer())
+        with pytest.raises(ValueError, match="not one of the 2 gymflow tasks"):
+            rollout([[{"role": "user", "content": "other"}]] * 2, _trainer())
+        with pytest.raises(ValueError, match="same prompt"):
+            GymflowRollout(_NoClient(), loop, "r", [_task("a", "Oslo"), _task("c", "Oslo")],  # type: ignore
+                           model="vllm", num_generations=2)
+        with pytest.raises(ValueError, match="num_generations"):
+            GymflowRollout(_NoClient(), loop, "r", [_task("a", "Oslo")], model="vllm", num_generations=0)  # type: ignore
+    finally:
+        loop.close()
+
+
+def test_a_stack_that_went_down_is_a_retryable_error(settings):
+    with LoopThread() as lt:
+        # A client whose Temporal and Postgres are gone (nothing listens on those ports), waiting 0.5 s at most.
+        temporal = lt.run(Client.connect(f"127.0.0.1:{free_port()}", lazy=True))
+        dead = GymflowClient(temporal, settings, f"postgresql+psycopg://gymflow@127.0.0.1:{free_port()}/gymflow",
+                             reconnect_wait_s=0.5)
+        rollout = GymflowRollout(dead, lt.loop, "down", [_task("a", "Oslo")], model="vllm", num_generations=2)
+        (row,) = rollout.dataset_rows()
+        with pytest.raises(StackUnavailable, match="Call again once it is back"):
+            rollout([row["prompt"]] * 2, _trainer())
+        assert rollout.groups_used == {}  # the retry uses the same rollout ids
+        lt.run(dead.close())
+    # The client's loop is gone (the process that held the stack shut it down).
+    with pytest.raises(StackUnavailable, match="not running"):
+        rollout([row["prompt"]] * 2, _trainer())
+
+
+class _Model:
+    def __init__(self) -> None:
+        self.saved: list[Path] = []
+
+    def save_pretrained(self, path: Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "config.json").write_text("{}")
+        self.saved.append(Path(path))
+
+
+@pytest.fixture
+def fake_server(monkeypatch):
+    """The local model server's /v1/load_weights: `answer` says what it does with the next load."""
+    state = SimpleNamespace(loads=[], answer="ok")
+
+    def load_weights(base_url, token, path, version, timeout_s=600.0):
+        state.loads.append(version)
+        if state.answer == "http_error":
+            raise RuntimeError(f"load_weights {version}: HTTP 400: {{\"error\": {{\"message\": \"bad config\"}}}}")
+        return {"policy_version": version if state.answer == "ok" else "v-other", "load_s": 0.1}
+
+    monkeypatch.setattr("gymflow.localmodel.control.load_weights", load_weights)
+    return state
+
+
+async def test_weight_sync_loads_then_declares_in_order_and_reports_failures(gf, fake_server, run_id, tmp_path):
+    prefix = f"{run_id}-v"
+    sync = WeightSync("http://127.0.0.1:1/v1", "token", tmp_path, prefix=prefix)
+    rollout = GymflowRollout(gf, asyncio.get_running_loop(), run_id, [_task("a", "Oslo")], model="policy",
+                             num_generations=2, weights=sync)
+    model = _Model()
+
+    def sync_at(step: int):
+        return asyncio.to_thread(rollout.sync_weights, model, step)
+
+    first = await sync_at(0)  # the server's starting weights: declared, nothing loaded
+    assert first.version == f"{prefix}0" and fake_server.loads == [] and model.saved == []
+    one = await sync_at(1)
+    assert (one.version, one.ordinal) == (f"{prefix}1", first.ordinal + 1) and fake_server.loads == [f"{prefix}1"]
+    assert (await sync_at(1)).ordinal == one.ordinal  # a repeated call (a retry) is a no-op
+
+    fake_server.answer = "http_error"
+    with pytest.raises(WeightLoadError, match=rf"{prefix}2 not loaded .*HTTP 400.*keeps serving {prefix}1"):
+        await sync_at(2)
+    fake_server.answer = "wrong_version"
+    with pytest.raises(WeightLoadError, match="the server answered .*v-other.*keeps serving"):
+        await sync_at(2)
+    assert (await current_policy_version(gf, "policy")).version == f"{prefix}1"  # nothing declared
+    assert rollout.synced_step == 1
+
+    fake_server.answer = "ok"
+    two = await sync_at(2)
+    assert two.version == f"{prefix}2" and sorted(p.name for p in tmp_path.iterdir()) == [f"{prefix}2"]  # pruned
+    with pytest.raises(VersionOrderError, match=rf"step 1 \({prefix}1\) is before {prefix}2"):
+        await sync_at(1)
+    # A fresh rollout_func (a restarted trainer) reads the declared step from the store: still in order.
+    fresh = GymflowRollout(gf, asyncio.get_running_loop(), run_id, [_task("a", "Oslo")], model="policy",
+                           num_generations=2, weights=sync)
+    with pytest.raises(VersionOrderError):
+        await asyncio.to_thread(fresh.sync_weights, model, 0)
+
+    # The rollout_func syncs by itself when the trainer's step moved (here: no task runs; bad prompts).
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        await asyncio.to_thread(rollout, ["x"], _trainer(step=3, model=model))
+    assert fake_server.loads[-1] == f"{prefix}3" and rollout.synced_step == 3
+    assert (await current_policy_version(gf, "policy")).version == f"{prefix}3"
