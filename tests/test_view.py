@@ -152,6 +152,33 @@ async def test_view_in_a_browser(gf, scripted, stack, run_id, tmp_path):
             assert token_rows == 1 + len("It is cold in SF.".split())  # header + one row per generated token
             await _shot(page, tmp_path, "rollout")
 
+            # A review: a label that cannot be stored says why and keeps what was typed; a good one is listed, the
+            # verifier's reward unchanged; the run's agreement page counts it.
+            assert "not reviewed yet" in await page.inner_text("#review")
+            await page.fill('#review-form input[name="reviewer"]', "alice")
+            await page.check('#review-form input[value="wrong"]')
+            await page.fill('#review-form input[name="reward"]', "abc")
+            await page.fill('#review-form textarea[name="comment"]', "<b>not bold</b> the tool was not needed")
+            async with page.expect_navigation():
+                await page.click("#review-submit")
+            assert "reward: 'abc' is not a number" in await page.inner_text("#review-problem")
+            assert await page.input_value('#review-form input[name="reviewer"]') == "alice"
+            await page.fill('#review-form input[name="reward"]', "0")
+            await page.fill('#review-form input[name="tags"]', "format, tools")
+            async with page.expect_navigation():
+                await page.click("#review-submit")
+            label = await page.inner_text("#labels tr.label")
+            assert "alice" in label and "wrong" in label and "<b>not bold</b>" in label and "format, tools" in label
+            assert (await page.inner_text("#reward")).strip() == "1"
+            await page.click("#agreement-link")
+            table = page.locator('table.agreement[data-env="single_tool"]')
+            assert (await table.locator("td.precision").inner_text()).strip() == "0"  # its one pass: a false pass
+            assert rid in await page.locator("a.fp").all_inner_texts()
+            await _shot(page, tmp_path, "agreement")
+            forged = await page.request.post(f"{base}/rollouts/{quote(rid, safe='')}/review",
+                                             form={"token": "guess", "reviewer": "mallory", "verdict": "right"})
+            assert forged.status == 403, "a post without this server's form token is refused"
+
             # Model output with a script tag and a NUL: shown as text, never run.
             await page.goto(f"{base}/rollouts/{quote(f'{run_id}/b/0', safe='')}")
             shown = await page.locator(".role-assistant pre.content").last.inner_text()

@@ -15,9 +15,11 @@ from aiohttp import web
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gymflow.kernel.store import reviews
 from gymflow.kernel.store.db import make_engine, make_sessionmaker
 from gymflow.reports.data import Linker
 from gymflow.view import fragments, pages
+from gymflow.view import review as review_side
 from gymflow.view.render import NONCE
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,7 @@ ENGINE = web.AppKey("engine", object)
 SESSIONS = web.AppKey("sessions", object)
 CACHE = web.AppKey("cache", fragments.Cache)
 LINKER = web.AppKey("linker", object)
+FORM_TOKEN = web.AppKey("form_token", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -102,14 +105,48 @@ async def details(request: web.Request) -> web.Response:
         return _html(await pages.not_found_page(s, "run", run_id), status=404)
 
 
-async def rollout(request: web.Request) -> web.Response:
+async def rollout(request: web.Request, problem: str | None = None, form: dict[str, str] | None = None
+                  ) -> web.Response:
     rid = request.match_info["rid"]
     page_no = _int(request.query.get("page"), 1)
     async with _session(request) as s:
-        body = await pages.rollout_page(s, rid, page_no, request.app[LINKER])
+        body = await pages.rollout_page(s, rid, page_no, request.app[LINKER], form_token=request.app[FORM_TOKEN],
+                                        review_problem=problem, form=form)
         if body is None:
             return _html(await pages.not_found_page(s, "rollout", rid), status=404)
-    return _html(body)
+    return _html(body, status=400 if problem else 200)
+
+
+async def post_review(request: web.Request) -> web.StreamResponse:
+    """A label from the rollout page's form; back to the page (the form again, with the problem, if refused)."""
+    rid = request.match_info["rid"]
+    form = {k: str(v) for k, v in (await request.post()).items()}
+    if not secrets.compare_digest(form.get("token", ""), request.app[FORM_TOKEN]):
+        return _html(pages.page("error.html", message="the form is stale or not this server's: reload the page"),
+                     status=403)
+    try:
+        label = review_side.label_from_form(rid, form)
+        async with _session(request) as s:
+            await review_side.add(s, label)
+    except reviews.ReviewError as e:
+        return await rollout(request, problem=str(e), form=form)
+    except LookupError:
+        async with _session(request) as s:
+            return _html(await pages.not_found_page(s, "rollout", rid), status=404)
+    raise web.HTTPSeeOther(f"{request.path.removesuffix('/review')}#review")
+
+
+async def agreement(request: web.Request) -> web.Response:
+    run_id = request.match_info["run"]
+    try:
+        threshold = float(request.query.get("threshold", "1"))
+    except ValueError:
+        threshold = 1.0
+    async with _session(request) as s:
+        if not await pages.run_exists(s, run_id):
+            return _html(await pages.not_found_page(s, "run", run_id), status=404)
+        rows = await review_side.agreement(s, run_id, threshold)
+    return _html(pages.page("agreement.html", run_id=run_id, rows=rows, threshold=threshold))
 
 
 async def tokens(request: web.Request) -> web.Response:
@@ -158,6 +195,7 @@ def make_app(database_url: str, linker: Linker, *, pool_size: int = 4) -> web.Ap
     app = web.Application(middlewares=[_headers])
     app[CACHE] = fragments.Cache()
     app[LINKER] = linker
+    app[FORM_TOKEN] = secrets.token_urlsafe(24)
 
     async def store(app: web.Application) -> AsyncIterator[None]:
         engine = make_engine(database_url, pool_size=pool_size)
@@ -171,9 +209,11 @@ def make_app(database_url: str, linker: Linker, *, pool_size: int = 4) -> web.Ap
     app.router.add_get("/runs/{run}/plots/{name}.svg", plot)
     app.router.add_get("/runs/{run}/health", health)
     app.router.add_get("/runs/{run}/details", details)
+    app.router.add_get("/runs/{run}/review", agreement)
     # Most specific first: a rollout id ends with its sample number, never with these words.
     app.router.add_get(r"/rollouts/{rid:.+}/tokens", tokens)
     app.router.add_get(r"/rollouts/{rid:.+}/text/{index:\d+}/{field}", text)
     app.router.add_get(r"/rollouts/{rid:.+}/live", live)
+    app.router.add_post(r"/rollouts/{rid:.+}/review", post_review)
     app.router.add_get(r"/rollouts/{rid:.+}", rollout)
     return app

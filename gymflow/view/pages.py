@@ -13,6 +13,7 @@ from gymflow.reports.data import Linker
 from gymflow.reports.health import Check, known_run
 from gymflow.reports.profile import load_profile
 from gymflow.view import conversation, filters, fragments, queries
+from gymflow.view import review as review_side
 from gymflow.view.render import page
 
 PROFILE_TASKS = 100  # tasks listed on the run page; `gymflow profile RUN` lists every one
@@ -72,7 +73,9 @@ async def _chain_ids(session: AsyncSession, row: queries.Row) -> list[queries.Ro
     return None if row["stored_before_0008"] else []
 
 
-async def rollout_page(session: AsyncSession, rollout_id: str, page_no: int, linker: Linker) -> str | None:
+async def rollout_page(session: AsyncSession, rollout_id: str, page_no: int, linker: Linker, *,
+                       form_token: str = "", review_problem: str | None = None, form: dict[str, str] | None = None
+                       ) -> str | None:
     row = await queries.rollout(session, rollout_id)
     if row is None:
         return None
@@ -91,7 +94,9 @@ async def rollout_page(session: AsyncSession, rollout_id: str, page_no: int, lin
         total = len(chain)
     return page("rollout.html", r=row, messages=shown, total=total, first=first, end=end, pages=pages,
                 page_no=min(max(page_no, 1), pages), turns=len(turns), ui_url=linker(rollout_id),
-                live=row["status"] == "running", cut=queries.CUT)
+                live=row["status"] == "running", cut=queries.CUT, form_token=form_token,
+                labels=await review_side.labels_of(session, rollout_id), review_problem=review_problem,
+                form=form or {})
 
 
 def _old_turn_numbers(transcript: list[Any], generations: int) -> dict[int, int]:
