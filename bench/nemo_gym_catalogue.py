@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 import yaml
+from gymflow.activities.recorded import split_turns
 from gymflow.environments import nemo_gym_catalogue as catalogue
 from gymflow.environments import nemo_gym_server as managed
 from gymflow.workers.local_stack import LocalStack, free_port
@@ -223,6 +224,17 @@ def _input_row(joined: dict[str, Any], recorded: dict[str, Any], task: dict[str,
     return {**(task or {}), **echo, **added}
 
 
+def _turn_limit(row: dict[str, Any]) -> dict[str, Any]:
+    """`max_turns` for a recording that ends on a tool call: NeMo Gym's agent stopped there (a single-step agent,
+    its max_steps), which it keeps in its config, not the row; the replay stops there too, not asking for a turn
+    the recording does not have (recording_exhausted)."""
+    output = [o for o in (row.get("response") or {}).get("output") or [] if isinstance(o, dict)]
+    last = next((o for o in reversed(output) if o.get("type") != "reasoning"), None)
+    if last is None or last.get("type") != "function_call" or "max_turns" in row:
+        return {}
+    return {"max_turns": len(split_turns(output))}
+
+
 def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | None) -> Plan:
     """The joined rows of one server, or why it cannot run."""
     p = Plan(info.name)
@@ -256,7 +268,7 @@ def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | No
     p.recorded, p.tasks = recorded, [by_prompt.get(_prompt_key(r)) for r in recorded]
     p.agents = _allowed_agents(info)
     extra = {"resources_server": info.name, **({"resources_server_overrides": p.overrides} if p.overrides else {})}
-    p.rows = [{**r, **extra} for r in rows]
+    p.rows = [{**r, **extra, **_turn_limit(r)} for r in rows]
     p.file = rows_dir / f"{info.name}.jsonl"
     p.file.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in p.rows))
     return p
@@ -576,13 +588,41 @@ EXPLAINED: dict[str, str] = {
         "rewards in [0, 1] and masks one outside (environments/nemo_gym.py `_score`, verifier_failed); the row "
         "scored 1 agrees"),
 }
+EXPLAINED |= {
+    "competitive_coding_challenges": (
+        "data not shipped: at start-up it pre-loads ~27 GB of test metadata it does not ship; /health did not answer "
+        "within 150 s"),
+    "critpt": (
+        "needs the network: it scores by calling the Artificial Analysis API (`api_key` unset: its config fails "
+        "validation); its own critpt_agent, not the simple agent, drives it"),
+    "osworld": "needs $OSWORLD_RESOURCES_TOKEN and the OSWorld desktop VMs it drives (start-up fails without it)",
+    "vibench": ("data not shipped: /seed_session reads PRDs from $VIBENCH_REPO_ROOT (`/nonexistent/set-VIBENCH_REPO_"
+                "ROOT/prds/...`: FileNotFoundError)"),
+    "vlm_eval_kit": "needs the network: at start-up it `git clone`s VLMEvalKit into its venv",
+    "bigcodebench": "needs the network: at start-up it builds a venv of its own with uv (not installed) from PyPI",
+    "legal_agent_bench": ("needs the network: at start-up it downloads harvey-labs from GitHub; its example.jsonl "
+                          "rows have an empty `input`"),
+    "image_tools": (
+        "NeMo Gym's own schema rejects the rollout file: its recorded `response` objects lack `created_at`, which "
+        "NeMo Gym's `NeMoGymResponse` requires (/verify 422 on every row)"),
+    "workplace_assistant": (
+        "data not shipped: the rollouts are of tasks example.jsonl does not hold and carry no `ground_truth`, "
+        "which /verify requires (422); gymflow's tests/workplace_gold.py writes those five by hand"),
+}
+# NeMo Gym runs these with its gymnasium agent (/reset, /step), a protocol neither side here speaks.
+for _name in ("blackjack", "example_multi_turn_gymnasium", "indian_banking", "openair_congestion", "wordle"):
+    EXPLAINED[_name] = ("another agent's protocol: NeMo Gym drives it with its gymnasium_agent (/reset, /step; no "
+                        "/seed_session: 404), which gymflow's nemo_gym adapter does not speak (a gymflow gap)")
 _IMAGE_PROMPT = ("gymflow gap (image prompts): the prompt carries an image (`input_image` content part); gymflow's "
                  "dataset loader takes text parts only (`responses_create_params.input[i].content[0]: expected a "
                  "text part`), so the rows do not load")
 for _name in ("circle_click", "circle_count", "gui_coordinate"):
     EXPLAINED[_name] = _IMAGE_PROMPT
 # The class of why a server is not runnable, where the refusal or the error does not say it (see `reason`).
-REASONS: dict[str, str] = {}
+REASONS: dict[str, str] = {
+    "competitive_coding_challenges": "data not shipped", "critpt": "needs the network", "vibench": "data not shipped",
+    "osworld": "config values nobody set", "vlm_eval_kit": "needs the network", "bigcodebench": "needs the network",
+}
 
 
 def _num(v: Any) -> str:
@@ -592,6 +632,7 @@ def _num(v: Any) -> str:
 def _short(text: str, n: int = 220) -> str:
     text = re.sub(r"\s+", " ", text or "").strip()
     text = re.sub(r"/\S*?/site-packages/", "", text)  # the venv's paths say nothing the server's name does not
+    text = re.sub(r"/\S*?/rows/(\S+?\.jsonl)", r"\1", text)
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -669,6 +710,9 @@ def reason(result: dict[str, Any]) -> str:
         return min(found)[1]
     if "/seed_session HTTP 404" in text and agents and "simple_agent" not in agents:
         return "another agent's protocol (not seed/verify)"
+    unmatched = any("match no task" in n for n in result.get("notes") or [])
+    if "HTTP 422" in text and "Field required" in text and unmatched:
+        return "data not shipped (the rollouts' own tasks)"
     if "HTTP 422" in text:
         return "NeMo Gym's own schema rejects the rollout file"
     return "fails inside NeMo Gym"
@@ -721,7 +765,9 @@ def render(work: Path, servers: list[str], command: str) -> str:
         f"Servers whose config calls a model get the same fake judge on both sides (every answer `{JUDGE_VERDICT}`),",
         "so their rewards test the plumbing, not the recorded judge's verdicts.",
         "",
-        f"- command: `{command}` (bench/nemo_gym_catalogue.py)",
+        f"- command: `.venv/bin/python -m bench.nemo_gym_catalogue` (bench/nemo_gym_catalogue.py; this file was last "
+        f"written by `{command}`; `--servers a,b` reruns some, `--resume` skips those done, results per server under "
+        "bench/results/nemo-gym-catalogue/results/)",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
         f"{os.cpu_count()} cores, gymflow on Python {platform.python_version()}, NeMo Gym 0.7.0 on its own "
         "Python 3.13 (`.nemo313`)",
