@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gymflow.kernel.store.models import Generation, Rollout, Run
+from gymflow.kernel.store.models import Generation, Rollout, Run, TaskRow
 from gymflow.training.groups import epoch_of
 from gymflow.training.records import TurnTokens, build_sequence
 from gymflow.training.rows import SCHEMAS, dpo_row, rl_row, sft_row
@@ -121,8 +121,10 @@ def _rl_record(r: Mapping[str, Any], turns: list[TurnTokens], summary: ExportSum
 
 async def _sft_rows(session: AsyncSession, where: list[sa.ColumnElement], per_task: int | None
                     ) -> AsyncIterator[dict[str, Any]]:
-    stmt = (sa.select(*_ROLLOUT_COLS, Rollout.transcript).where(*where).order_by(Rollout.id)
-            .execution_options(yield_per=YIELD_PER))
+    # The task's tool schemas ride along (TRL's `tools` column); a run collected without stored tasks has none.
+    stmt = (sa.select(*_ROLLOUT_COLS, Rollout.transcript, TaskRow.tools)
+            .outerjoin(TaskRow, sa.and_(TaskRow.run_id == Rollout.run_id, TaskRow.task_id == Rollout.task_id))
+            .where(*where).order_by(Rollout.id).execution_options(yield_per=YIELD_PER))
     result = await session.stream(stmt)
     async for row in result.mappings():
         yield sft_row(row, per_task)

@@ -33,8 +33,10 @@ RL_SCHEMA = pa.schema([
     ("policy_versions", pa.list_(pa.string())), ("turns", pa.int32()), ("turns_in_sequence", pa.int32()),
     ("token_drift", pa.bool_()), ("drift_turns", pa.list_(pa.int32())),
 ])
+# `tools`: the task's tool schemas as a JSON string (null when it offered none), which TRL's SFTTrainer parses
+# and hands to the chat template; a string because JSON Schemas differ per tool and per task.
 SFT_SCHEMA = pa.schema([*_IDS, ("reward", pa.float64()), ("messages", MESSAGES), ("prompt", MESSAGES),
-                        ("completion", MESSAGES)])
+                        ("completion", MESSAGES), ("tools", pa.string())])
 DPO_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("task_id", pa.string()), ("group_id", pa.string()),
     ("prompt", MESSAGES), ("chosen", MESSAGES), ("rejected", MESSAGES),
@@ -61,9 +63,30 @@ def message(m: Any) -> dict[str, Any]:
     """One stored transcript message in the export's message shape."""
     m = m if isinstance(m, Mapping) else {"role": "user", "content": _text(m)}
     calls = m.get("tool_calls")
-    return {"role": _text(m.get("role")) or "user", "content": _text(m.get("content")),
-            "tool_calls": [_tool_call(c) for c in calls] if isinstance(calls, list) and calls else None,
+    tool_calls = [_tool_call(c) for c in calls] if isinstance(calls, list) and calls else None
+    content = _text(m.get("content"))
+    if tool_calls and content is None:
+        content = ""  # chat templates concatenate `content`; a null (or one dropped by TRL) fails to render
+    return {"role": _text(m.get("role")) or "user", "content": content, "tool_calls": tool_calls,
             "tool_call_id": _text(m.get("tool_call_id")), "name": _text(m.get("name"))}
+
+
+def tools_json(stored: Any) -> str | None:
+    """The task's stored tool schemas (`tasks.tools`: ToolSpec dumps) as the Chat Completions `tools` list, in
+    JSON; None when it offered none. Entries without a string name are dropped (stored JSON is not trusted)."""
+    if not isinstance(stored, list):
+        return None
+    out = []
+    for t in stored:
+        if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
+            continue
+        fn: dict[str, Any] = {"name": t["name"], "description": _text(t.get("description")) or "",
+                              "parameters": t.get("parameters") if isinstance(t.get("parameters"), Mapping)
+                              else {"type": "object", "properties": {}}}
+        if isinstance(t.get("strict"), bool):
+            fn["strict"] = t["strict"]
+        out.append({"type": "function", "function": fn})
+    return json.dumps(out, ensure_ascii=False) if out else None
 
 
 def split_transcript(transcript: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -93,7 +116,7 @@ def rl_row(r: Mapping[str, Any], seq: TokenSequence, per_task: int | None) -> di
 def sft_row(r: Mapping[str, Any], per_task: int | None) -> dict[str, Any]:
     prompt, completion = split_transcript(r["transcript"])
     return {**ids(r, per_task), "reward": r["reward"], "messages": prompt + completion, "prompt": prompt,
-            "completion": completion}
+            "completion": completion, "tools": tools_json(r.get("tools"))}
 
 
 def dpo_row(chosen: Mapping[str, Any], rejected: Mapping[str, Any], per_task: int | None) -> dict[str, Any] | None:
