@@ -609,6 +609,18 @@ EXPLAINED |= {
         "data not shipped: the rollouts are of tasks example.jsonl does not hold and carry no `ground_truth`, "
         "which /verify requires (422); gymflow's tests/workplace_gold.py writes those five by hand"),
 }
+# Where NeMo Gym's own verdict is not its recording (both sides agree): the recording is what is off.
+EXPLAINED |= {
+    "lc_niah": (
+        "NeMo Gym's recording is off, not its code: the rows were recorded with the LCS overlap metric "
+        "(`reasoning_overlap` = `overlap_lcs`, reward = answer_score × (1 − 0.012...)); the shipped config selects "
+        "16-gram overlap (`overlap_metric_rule: ngram16`, 0.0 on these rows), so NeMo Gym 0.7.0 scores "
+        "answer_score itself, and gymflow with it"),
+    "math_with_code": (
+        "row 4: NeMo Gym's recording is off: it recorded `extracted_answer: \\sqrt{2` (cut at the nested brace "
+        "of the final `\\boxed{\\sqrt{2}}`) and reward 0; NeMo Gym 0.7.0 extracts `\\sqrt{2}` and scores 1, and "
+        "gymflow with it"),
+}
 # NeMo Gym runs these with its gymnasium agent (/reset, /step), a protocol neither side here speaks.
 for _name in ("blackjack", "example_multi_turn_gymnasium", "indian_banking", "openair_congestion", "wordle"):
     EXPLAINED[_name] = ("another agent's protocol: NeMo Gym drives it with its gymnasium_agent (/reset, /step; no "
@@ -618,6 +630,30 @@ _IMAGE_PROMPT = ("gymflow gap (image prompts): the prompt carries an image (`inp
                  "text part`), so the rows do not load")
 for _name in ("circle_click", "circle_count", "gui_coordinate"):
     EXPLAINED[_name] = _IMAGE_PROMPT
+# What the table shows, in short (written from the results; keep it true when they change).
+FINDINGS = [
+    "What it shows:",
+    "",
+    "- Every disagreement is a gymflow gap or choice, none a wrong score: image prompts (circle_click, "
+    "circle_count, gui_coordinate: gymflow's dataset loader takes text parts only), tools offered over MCP "
+    "(example_mcp_weather: gymflow offers a model only the row's tools), and rewards outside [0, 1] "
+    "(example_tool_call_multireward 2.0, generative_reward_model -1: gymflow masks them by design).",
+    "- Adapter bugs this bench found, fixed with tests: a replayed rollout row sent its recorded outcome "
+    "(`reward`, `judge_evaluations`, ...) back to /verify, which servers that build their reply as "
+    "`Reply(**body.model_dump(), reward=r)` answered with HTTP 500 (equivalence_llm_judge; "
+    "tests/test_nemo_gym_recorded_rows.py); a judge model could not be given to a managed server (now "
+    "`gymflow_model_urls` in `resources_server_overrides`; tests/test_nemo_gym_launch_models.py); a config file "
+    "with a top-level list (critpt's `config_paths`) stopped the launcher.",
+    "- Where NeMo Gym is wrong: its rollout files are not re-verifiable as shipped: every row echoes "
+    "`responses_create_params` with its unset fields as null (`parallel_tool_calls: null`), which NeMo Gym's own "
+    "request model rejects (422), so the bench prunes the nulls, as NeMo Gym's `reverify` avoids them by reading the "
+    "materialized inputs instead; image_tools' recorded responses lack `created_at` (422 on every row); four servers "
+    "ship rollouts of tasks their example.jsonl does not hold, without the fields /verify needs; four ship "
+    "placeholder rollout files (`<PLACEHOLDER ROW>`); four ship rows without a `response`; lc_niah and "
+    "math_with_code row 4 were recorded with scoring that NeMo Gym 0.7.0 no longer does (see their rows).",
+    "- The bench replays a recording that ends on a tool call (a single-step agent) with that many turns, as NeMo "
+    "Gym's agent stopped there (single_step_tool_use_with_argument_comparison row 1).",
+]
 # The class of why a server is not runnable, where the refusal or the error does not say it (see `reason`).
 REASONS: dict[str, str] = {
     "competitive_coding_challenges": "data not shipped", "critpt": "needs the network", "vibench": "data not shipped",
@@ -653,7 +689,8 @@ def _why(result: dict[str, Any]) -> str:
     if bad and not result.get("not_runnable"):
         n = bad[0]["nemo_gym"]
         parts.append(f"NeMo Gym fails {len(bad)} row(s): {_short(n.get('log') or n.get('error', ''), 200)}")
-    elif bad and result["server"] not in EXPLAINED:
+    elif bad and result["server"] not in EXPLAINED and bad[0]["nemo_gym"].get("error", "")[:60] not in \
+            (result.get("not_runnable") or ""):
         n = bad[0]["nemo_gym"]
         parts.append(f"NeMo Gym: {_short(n.get('log') or n.get('error', ''), 200)}")
     groups: dict[str, list[str]] = {}
@@ -774,6 +811,8 @@ def render(work: Path, servers: list[str], command: str) -> str:
         f"- servers: {len(servers)}" + (f" ({missing} not reached yet)" if missing else "") + "; "
         + "; ".join(f"{k}: {totals[k]}" for k in order),
         "- not runnable, by reason: " + "; ".join(f"{k}: {v}" for k, v in reasons.most_common()),
+        "",
+        *FINDINGS,
         "",
         "| server | rows | agree | disagree | not runnable | why |",
         "|---|---|---|---|---|---|",
