@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gymflow.cli.common import config_option, run, settings_or_exit
+from gymflow.cli.progress import log_console
 from gymflow.kernel.config import Settings
 from gymflow.kernel.connect import resolve_addresses
 from gymflow.kernel.errors import GymflowError
@@ -99,7 +100,7 @@ def rescore(run_id: str, name: str | None, options: tuple[str, ...], concurrency
     from gymflow.rescore import rescore_run
 
     settings = settings_or_exit(config_path)
-    console = Console(highlight=False)
+    console = log_console(Console(highlight=False))
     try:
         if list_versions:
             found = run(_versions(settings, run_id))

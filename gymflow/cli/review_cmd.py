@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gymflow.cli.common import config_option, run, settings_or_exit
+from gymflow.cli.progress import log_console
 from gymflow.kernel.config import Settings
 from gymflow.kernel.connect import resolve_addresses, startup_wait_s
 from gymflow.kernel.store import reviews
@@ -89,7 +90,7 @@ def queue_cmd(run_id: str, kind: str, n: int, failure_type: str | None, threshol
     for r in rows:
         reward = "masked" if r["masked"] else "-" if r["reward"] is None else f"{r['reward']:g}"
         table.add_row(escape(r["id"]), escape(r["env"]), r["status"], reward, escape(r["failure_type"] or ""))
-    Console().print(table)
+    log_console().print(table)
     click.echo("`gymflow show ID` to read one, then `gymflow review mark ID --verdict right|wrong`")
 
 
@@ -130,7 +131,7 @@ def report_cmd(run_id: str, threshold: float, as_json: bool, config_path: str | 
     if not rows:
         click.echo(f"run {run_id}: no reviews yet (`gymflow review queue {run_id}`)")
         return
-    console = Console(highlight=False)
+    console = log_console(Console(highlight=False))
     for r in rows:
         console.print(f"[bold]{escape(r['env'])}[/bold]: {r['labels']} labels of {r['rollouts']} rollouts by "
                       f"{r['reviewers']} reviewer(s): verifier right {r['agree']}, wrong {r['disagree']}, unsure "
