@@ -47,8 +47,9 @@ case "$cmd" in
     # The NeMo Gym reference (a Python 3.13 venv; `.ci/run` makes it): parity tests run against it when present.
     if [ -x .nemo313/bin/python ]; then export GYMFLOW_NEMO_GYM_PYTHON="$PWD/.nemo313/bin/python"; fi
     # Two test processes, each with its own Temporal and Postgres (the suite mostly waits on servers);
-    # --durations lists the slowest tests, to keep the suite within its budget.
-    exec .venv/bin/python -m pytest -q -n 2 --durations=15 "$@" ;;
+    # --durations lists the slowest tests, to keep the suite within its budget. --dist loadgroup: a module marked
+    # xdist_group (a model or servers its module-scoped fixture starts) runs on one process, so it starts once.
+    exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=15 "$@" ;;
   gymflow)
     exec .venv/bin/gymflow "$@" ;;
   *) echo "usage: ./gymflow.sh demo|test|install|gymflow [ARGS]" >&2; exit 2 ;;

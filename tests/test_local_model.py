@@ -91,6 +91,10 @@ def _skip_reason() -> str | None:
     return None
 
 
+# One test process runs the whole module (`--dist loadgroup`): the model loads once, not once per process.
+pytestmark = pytest.mark.xdist_group("local_model")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if reason := _skip_reason():

@@ -34,7 +34,8 @@ except ConfigError as e:
     XLAM, WHY = None, str(e)
 if XLAM is None and os.environ.get("GYMFLOW_REQUIRE_NEMO_GYM") == "1":
     raise RuntimeError(f"GYMFLOW_REQUIRE_NEMO_GYM=1 but {WHY}")
-pytestmark = pytest.mark.skipif(XLAM is None, reason=WHY)
+# One test process runs the whole module (`--dist loadgroup`): its server starts once, not once per process.
+pytestmark = [pytest.mark.skipif(XLAM is None, reason=WHY), pytest.mark.xdist_group("nemo_gym_managed")]
 
 ENV = NemoGymEnvironment()
 

@@ -68,7 +68,8 @@ def _probe() -> tuple[Path | None, str]:
 SERVERS_DIR, WHY = _probe()
 if SERVERS_DIR is None and os.environ.get("GYMFLOW_REQUIRE_NEMO_GYM") == "1":
     raise RuntimeError(f"GYMFLOW_REQUIRE_NEMO_GYM=1 but {WHY}")
-pytestmark = pytest.mark.skipif(SERVERS_DIR is None, reason=WHY)
+# One test process runs the whole module (`--dist loadgroup`): its servers start once, not once per process.
+pytestmark = [pytest.mark.skipif(SERVERS_DIR is None, reason=WHY), pytest.mark.xdist_group("nemo_gym_parity")]
 
 
 def _start(name: str, log: Path) -> tuple[subprocess.Popen, str]:
