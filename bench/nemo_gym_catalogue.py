@@ -1,7 +1,7 @@
 """Measured coverage of NeMo Gym 0.7.0's catalogue: every installed resources server's recorded rollouts, scored by
 NeMo Gym's own server code and by gymflow's full stack, row by row.
 
-    python -m bench.nemo_gym_catalogue                                  # every server (about an hour)
+    python -m bench.nemo_gym_catalogue                                  # every server (~25 min on 2 cores)
     python -m bench.nemo_gym_catalogue --servers xlam_fc,math_with_judge
     python -m bench.nemo_gym_catalogue --resume                         # skip servers already done
 
@@ -9,19 +9,25 @@ For each server of the catalogue (environments/nemo_gym_catalogue.py) with a `da
 
 NeMo Gym's verdict: the server started by NeMo Gym's own code (`python app.py` under NeMo Gym's Python with the
 config `ng_run` hands its children: environments/nemo_gym_launch.py), driven as NeMo Gym's simple agent drives it
-(responses_api_agents/simple_agent/app.py `run`): POST /seed_session with the row, then POST /verify with the row and
-its recorded `response` (every output item), with the seed's cookies; `reward` of the reply.
+(responses_api_agents/simple_agent/app.py `run`): POST /seed_session with the row, each recorded function call to
+POST /<tool> in the session (a stateful server's verify reads what they did), then POST /verify with the row and its
+recorded `response` (every output item), with the session's cookies; `reward` of the reply.
 
 gymflow's verdict: the same rows through gymflow's stack (Temporal dev server, embedded Postgres, the three pools as
 `gymflow worker` processes) on the `nemo_gym` environment, whose env pool starts its own copy of the server; the
 model is a recorded one (`recorded: FILE`), which replays the row's `response.output` turn by turn, so the tool calls
 run on the server again and the verify request is built by gymflow from its own transcript.
 
-Rows are the rollout file joined with the server's `example.jsonl` (gymflow.data.prepare.join: task fields the
-rollout rows omit, sample numbering), both sides getting the same joined row. Servers whose config calls a model (a
-judge) get the same fake judge on both sides, through the overrides (`gymflow_model_urls`): an OpenAI-compatible
-Responses/Chat server answering every request with one fixed verdict (JUDGE_VERDICT). Results go to one JSON file
-per server under --work as they finish (`--resume` skips those); docs/nemo-gym-catalogue.md is written from them.
+gymflow's rows are the rollout file joined with the server's `example.jsonl`, as `gymflow data join` writes them
+(gymflow.data.prepare.join: task fields the rollout rows omit, sample numbering, replay fields). NeMo Gym's row is
+the request its agent sent, as its own `reverify` rebuilds it: the rollout row (the verify reply, which echoes the
+request) less the reply's own fields and the nulls of its `responses_create_params` dump, over the same task. A
+recording that ends on a tool call (a single-step agent) is replayed with that many turns.
+
+Servers whose config calls a model (a judge) get the same fake judge on both sides, through the overrides
+(`gymflow_model_urls`): an OpenAI-compatible Responses/Chat server answering every request with one fixed verdict
+(JUDGE_VERDICT). Results go to one JSON file per server under --work as they finish (`--resume` skips those);
+docs/nemo-gym-catalogue.md is written from them (`--render-only`: from those there are).
 """
 
 from __future__ import annotations
@@ -93,15 +99,12 @@ def _judge_reply(path: str, model: str) -> dict[str, Any]:
 
 
 class _JudgeHandler(BaseHTTPRequestHandler):
-    calls = Counter()  # request path -> count
-
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         try:
             model = str(json.loads(body or b"{}").get("model") or "judge")
         except ValueError:
             model = "judge"
-        self.calls[self.path] += 1
         out = json.dumps(_judge_reply(self.path, model)).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
