@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch threads for the update")
     p.add_argument("--server-threads", type=int, default=1, help="torch threads of the model server")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--run", default="trl-grpo", help="run id")
+    p.add_argument("--run", default=None, help="run id (default: trl-grpo-<time>, so a rerun in the same --out "
+                   "collects afresh rather than reading the earlier run's rollouts)")
     args = p.parse_args(argv)
     for name in ("steps", "groups", "max_tokens", "threads", "server_threads"):
         if getattr(args, name) < 1:
@@ -63,6 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--samples must be at least 2: advantages are relative to the group")
     if args.groups > len(QUESTIONS):
         p.error(f"--groups must be at most {len(QUESTIONS)}")
+    args.run = args.run or time.strftime("trl-grpo-%Y%m%d-%H%M%S")
     return args
 
 
@@ -105,7 +107,7 @@ def train(args: argparse.Namespace, settings: Settings, procs: list, server: Any
             rollout = GymflowRollout(
                 client, lt.loop, args.run, tasks, model=MODEL, num_generations=args.samples, epochs=epochs,
                 max_staleness=0, stale="cancel_and_restart",  # every group comes from the weights TRL trains now
-                weights=WeightSync(server.base_url, server.control_token, out / "weights"))
+                weights=WeightSync(server.base_url, server.control_token, out / "weights", prefix=f"{args.run}-v"))
             trainer = trainer_for(args, rollout, out)
             versions: list[list[str]] = []
             original = rollout.__call__
@@ -143,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind like Ctrl-C: stack and server stopped
     try:
         (out / "weights").mkdir(mode=0o700, exist_ok=True)  # the only place the server loads weights from
-        server = start_local_model(["--threads", str(args.server_threads), "--weights-root", str(out / "weights")],
-                                   state_dir=state)
+        # The server names its starting weights as the rollout_func declares step 0: `<run>-v0`.
+        server = start_local_model(["--threads", str(args.server_threads), "--weights-root", str(out / "weights"),
+                                    "--version", f"{args.run}-v0"], state_dir=state)
     except EmbeddedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

