@@ -106,6 +106,9 @@ def test_prompts_that_are_not_whole_groups_are_refused():
             rollout([a, a, b], _trainer())
         with pytest.raises(ValueError, match="prompts 0..1 are not 2 copies of one prompt"):
             rollout([a, b], _trainer())
+        trl_like = SimpleNamespace(**vars(_trainer()), num_generations=4)
+        with pytest.raises(ValueError, match="repeats each prompt 4 times .* num_generations=2"):
+            rollout([a, a, b, b], trl_like)
         with pytest.raises(ValueError, match="not one of the 2 gymflow tasks"):
             rollout([[{"role": "user", "content": "other"}]] * 2, _trainer())
         with pytest.raises(ValueError, match="same prompt"):

@@ -152,6 +152,7 @@ class GymflowRollout:
             step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
             if self.synced_step is None or step > self.synced_step:
                 self.sync_weights(_unwrapped(trainer), step)
+        _check_generations(trainer, self.n)
         blocks = self._blocks(prompts)
         groups = self._call(self._collect(blocks), "collecting")
         records = self._call(group_records(self.client, groups), "reading the groups' token ids")
@@ -266,6 +267,16 @@ class GymflowRollout:
             shutil.rmtree(path, ignore_errors=True)
             raise WeightLoadError(f"{version}: the server answered {str(reply)[:300]}; it keeps serving {previous} "
                                   f"and {version} was not declared")
+
+
+def _check_generations(trainer: Any, n: int) -> None:
+    """TRL's group size must be ours: otherwise a block of 4 copies would silently become two groups of 2."""
+    training = getattr(getattr(trainer, "model", None), "training", True)
+    theirs = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
+    if isinstance(theirs, int) and theirs != n:
+        raise ValueError(f"rollout_func: the trainer repeats each prompt {theirs} times "
+                         f"({'num_generations' if training else 'num_generations_eval'}), GymflowRollout was "
+                         f"given num_generations={n}: they must be equal")
 
 
 def _stack_fault(e: GymflowError) -> bool:
