@@ -45,8 +45,11 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.loop.call_soon(started.set)
         self._thread = threading.Thread(target=self.loop.run_forever, name="gymflow-loop", daemon=True)
         self._thread.start()
+        started.wait()  # run() refuses a loop that is not running yet; the first call must not race the thread
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         return run_on(self.loop, coro, timeout_s)

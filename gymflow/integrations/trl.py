@@ -148,11 +148,11 @@ class GymflowRollout:
     # ---- the rollout_func --------------------------------------------------------------------------------
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        _check_generations(trainer, self.n)
         if self.weights is not None:
             step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
             if self.synced_step is None or step > self.synced_step:
                 self.sync_weights(_unwrapped(trainer), step)
-        _check_generations(trainer, self.n)
         blocks = self._blocks(prompts)
         groups = self._call(self._collect(blocks), "collecting")
         records = self._call(group_records(self.client, groups), "reading the groups' token ids")
