@@ -320,3 +320,43 @@ async def test_trl_dpo_with_an_explicit_reference_from_the_local_weights(gf, scr
                          args=_trl_args(DPOConfig, tmp_path, max_length=512))
     out = await asyncio.to_thread(trainer.train)
     assert out.global_step == 1 and out.training_loss > 0
+
+
+def test_unusable_members_become_masked_stand_ins():
+    from gymflow.integrations.trl_batch import group_completions, trl_output
+    from gymflow.kernel.wire import RolloutSummary
+    from gymflow.training.groups import Group
+    from gymflow.training.records import TrainingRecord, TurnTokens, build_sequence
+
+    def member(i, status="completed", reward=1.0):
+        return RolloutSummary(rollout_id=f"r/t/{i}", run_id="r", task_id="t", sample_index=i, status=status,
+                              reward=reward, turns=1, failure_type=None if status == "completed" else "x")
+
+    turn = TurnTokens(0, [1, 2, 3], [7, 8], [-0.1, -0.2], "v0")
+    good, failed = member(0), member(1, "failed", None)
+    record = TrainingRecord(good, (turn,), build_sequence([turn], 1))
+    group = Group("r", _task("t", "Oslo"), 0, 0, (good, failed), "partial", (1,))
+    out = trl_output(group_completions(group, [record], lambda: pytest.fail("a sibling has prompt ids"), 99))
+    assert out["prompt_ids"] == [[1, 2, 3], [1, 2, 3]] and out["completion_ids"] == [[7, 8], [99]]
+    assert out["env_mask"] == [[1, 1], [0]] and out["logprobs"] == [[-0.1, -0.2], [0.0]]
+    assert out["gymflow_reward"] == [1.0, None] and out["gymflow_policy_versions"] == [["v0"], []]
+    # A dropped group trains nothing: the trainer's own tokenisation stands in for the prompt.
+    dropped = Group("r", _task("t", "Oslo"), 0, 0, (failed, failed), "dropped", (1,), reason="all failed")
+    out = trl_output(group_completions(dropped, [], lambda: [5, 6], 99))
+    assert out["prompt_ids"] == [[5, 6]] * 2 and out["env_mask"] == [[0]] * 2 and out["gymflow_reward"] == [None] * 2
+    # A server without logprobs: none for the batch (TRL then skips its sampling correction).
+    bare = TurnTokens(0, [1, 2, 3], [7, 8], None, None)
+    no_lp = TrainingRecord(good, (bare,), build_sequence([bare], 1))
+    whole = Group("r", _task("t", "Oslo"), 0, 0, (good,), "complete")
+    assert trl_output(group_completions(whole, [no_lp], list, 99))["logprobs"] is None
+
+
+async def test_loop_thread_refuses_its_own_thread():
+    with LoopThread() as lt:
+        assert lt.run(asyncio.sleep(0, "ok")) == "ok"
+
+        async def inside():
+            return lt.run(asyncio.sleep(0))
+
+        with pytest.raises(RuntimeError, match="would deadlock"):
+            lt.run(inside())
