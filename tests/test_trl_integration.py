@@ -227,6 +227,10 @@ def test_sft_rows_carry_the_tools_and_no_null_content_on_tool_calls():
     assert bare["tools"] is None
 
 
+# The tests that load SmolLM2's tokenizer (~15 s) share one xdist process, so it is loaded once.
+SMOL = pytest.mark.xdist_group("trl_smol")
+
+
 @pytest.fixture(scope="module")
 def smol_tokenizer():
     pytest.importorskip("trl")
@@ -267,6 +271,7 @@ def _trl_args(config_cls, tmp_path, **kw):
 
 
 @pytest.mark.slow
+@SMOL
 async def test_trl_sft_trains_a_step_on_an_exported_tool_transcript(gf, scripted, stack, smol_tokenizer, run_id,
                                                                     tmp_path):
     from datasets import load_dataset
@@ -296,6 +301,7 @@ async def test_trl_sft_trains_a_step_on_an_exported_tool_transcript(gf, scripted
 
 
 @pytest.mark.slow
+@SMOL
 async def test_trl_dpo_with_an_explicit_reference_from_the_local_weights(gf, scripted, stack, smol_tokenizer,
                                                                           run_id, tmp_path):
     from datasets import load_dataset
