@@ -654,7 +654,7 @@ FINDINGS = [
     "ship rollouts of tasks their example.jsonl does not hold, without the fields /verify needs; four ship "
     "placeholder rollout files (`<PLACEHOLDER ROW>`); four ship rows without a `response`; lc_niah and "
     "math_with_code row 4 were recorded with scoring that NeMo Gym 0.7.0 no longer does (see their rows).",
-    "- Reproducible: a second full run (20 minutes on this 2-core machine) gave the same verdict, the same NeMo Gym "
+    "- Reproducible: a second full run (17 minutes on this 2-core machine) gave the same verdict, the same NeMo Gym "
     "reward and the same gymflow reward on every row of every server.",
     "- The bench replays a recording that ends on a tool call (a single-step agent) with that many turns, as NeMo "
     "Gym's agent stopped there (single_step_tool_use_with_argument_comparison row 1).",
