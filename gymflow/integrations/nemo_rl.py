@@ -534,11 +534,14 @@ def resolve_models(settings: Settings, base_urls: list[str], model_name: str, ex
             if not match:
                 raise ConfigError(f"no gymflow model serves NeMo RL's base URL {url}: add to the workers' config "
                                   f"{json.dumps(model_entries(base_urls, model_name))} (under models)")
-            names.append(match[0])
+            # Several entries may share an endpoint (a judge, another served name): prefer the usable one.
+            fit = [n for n in match if _token_exact(settings, n) and (not model_name or
+                                                                      settings.models[n].model == model_name)]
+            names.append((fit or match)[0])
     problems = []
     for n in dict.fromkeys(names):
         m = settings.models[n]
-        if not (m.return_token_ids and m.logprobs):
+        if not _token_exact(settings, n):
             problems.append(f"models.{n}: set return_token_ids: true and logprobs: true (NeMo RL trains on the "
                             "server's token ids and logprobs)")
         if model_name and m.model != model_name:
@@ -546,6 +549,11 @@ def resolve_models(settings: Settings, base_urls: list[str], model_name: str, ex
     if problems:
         raise ConfigError("; ".join(problems))
     return list(names)
+
+
+def _token_exact(settings: Settings, name: str) -> bool:
+    m = settings.models[name]
+    return bool(m.return_token_ids and m.logprobs)
 
 
 def model_entries(base_urls: Sequence[str], model_name: str, prefix: str = "nemo_rl_policy") -> dict[str, Any]:
