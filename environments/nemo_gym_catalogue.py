@@ -94,7 +94,7 @@ def default_config(info: ServerInfo) -> Path:
     return info.folder / "configs" / chosen
 
 
-def _requirements(folder: Path) -> tuple[list[str], list[str]]:
+def requirements(folder: Path) -> tuple[list[str], list[str]]:
     """(package requirements, requirements from a URL or path) of the server's requirements.txt."""
     path = folder / "requirements.txt"
     if not path.exists():
@@ -177,7 +177,7 @@ def config_needs(cfg: dict[str, Any], top: dict[str, Any]) -> tuple[list[str], s
 def _describe(folder: Path, dists: frozenset[str]) -> ServerInfo:
     configs = sorted(p.name for p in (folder / "configs").glob("*.yaml"))
     info = ServerInfo(folder.name, folder, configs)
-    plain, remote = _requirements(folder)
+    plain, remote = requirements(folder)
     info.requirements = plain + remote
     for req in plain:
         m = _REQ_NAME.match(req)
@@ -188,7 +188,7 @@ def _describe(folder: Path, dists: frozenset[str]) -> ServerInfo:
         refusals.append(f"needs packages from a URL or path ({remote[0]})")
     if info.missing:
         refusals.append(f"packages not installed in the NeMo Gym venv: {', '.join(info.missing[:4])} "
-                        f"(pip install -r {folder / 'requirements.txt'})")
+                        f"(`gymflow env nemo-gym-install {folder.name}`)")
     if not configs:
         refusals.append("no config file under configs/")
     else:
@@ -204,6 +204,12 @@ def _describe(folder: Path, dists: frozenset[str]) -> ServerInfo:
             refusals.append(str(e))
     info.refusal = "; ".join(refusals) or None
     return info
+
+
+def forget_installed() -> None:
+    """Drop the cached probe of installed packages and the catalogue built from it (after an install)."""
+    _installed_dists.cache_clear()
+    catalogue.cache_clear()
 
 
 @cache

@@ -1,4 +1,5 @@
-"""`gymflow env list|new|check`: installed environment plug-ins, a new plug-in's skeleton, a dataset's check."""
+"""`gymflow env list|new|check|nemo-gym-install`: installed environment plug-ins, a new plug-in's skeleton, a
+dataset's check, NeMo Gym servers' own packages."""
 
 from __future__ import annotations
 
@@ -68,6 +69,23 @@ def _list_nemo_gym() -> None:
     Console(width=200).print(table)
     click.echo(f"{len(servers)} NeMo Gym servers: {runnable} can run here; "
                "`gymflow env check nemo_gym --server NAME` runs one's example rows")
+
+
+@env.command("nemo-gym-install")
+@click.argument("servers", nargs=-1, metavar="[SERVER]...")
+@click.option("--python", "python", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="NeMo Gym's interpreter (default: $GYMFLOW_NEMO_GYM_PYTHON, else .nemo313/bin/python); a venv is "
+                   "made there from pyenv's Python 3.13 if it does not exist.")
+def nemo_gym_install(servers: tuple[str, ...], python: Path | None) -> None:
+    """Make NeMo Gym's venv where it is missing and install each SERVER's own requirements.txt into it, from the
+    package index (lines from git, a URL or a path are refused by name)."""
+    from gymflow.environments.nemo_gym_install import install_servers
+
+    try:
+        py = install_servers(servers, python, say=click.echo)
+    except GymflowError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"done: {py}; `gymflow env list --nemo-gym` shows what runs now")
 
 
 @env.command("new")
