@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from temporalio.service import RPCError
 
+from gymflow.client import is_transient
 from gymflow.integrations.trl import StackUnavailable, _stack_fault
 from gymflow.integrations.trl_batch import completion_of
 from gymflow.kernel.errors import GymflowError
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from gymflow.client import GymflowClient
 
 AGENT_NAME = "gymflow"
+MAX_DRAWS = 8
 ROW_KEY = "gymflow_task"  # extra_info[ROW_KEY]: the task as JSON text (parquet keeps a string column simple)
 _clients: dict[tuple[int, str], GymflowClient] = {}  # per event loop and config: verl builds a loop per sample
 _connecting: dict[tuple[int, str], asyncio.Lock] = {}
@@ -147,7 +149,9 @@ def _base() -> type:
 
 
 def _stack_call_error(e: BaseException, what: str) -> StackUnavailable | None:
-    if isinstance(e, RPCError | OSError) or (isinstance(e, GymflowError) and _stack_fault(e)):
+    from gymflow.kernel.store.db import DatabaseUnreachable
+
+    if isinstance(e, RPCError | OSError | DatabaseUnreachable) or (isinstance(e, GymflowError) and _stack_fault(e)):
         return StackUnavailable(f"gymflow stack unreachable while {what}: {e}. Run the step again once it is back")
     return None
 
@@ -167,12 +171,7 @@ class _Loop:
         started = time.monotonic()
         try:
             client = await gymflow_client(self.gymflow_config)
-            # verl gives the loop no stable id per copy of a row (its rollout_n restarts in every worker's chunk):
-            # each call is a fresh rollout; verl's `uid` groups the copies for the advantage.
-            sample = uuid.uuid4().int >> 80
-            inp = client.make_input(self.run_id, task, sample, self.model,
-                                    sampling_from_verl(sampling_params, response_length), self.max_turns)
-            summary = (await client.run_one(inp)).summary
+            summary = await self._rollout(client, task, sampling_from_verl(sampling_params, response_length))
             group = Group(self.run_id, task, 0, 0, (summary,), "complete" if usable(summary) else "dropped")
             records = (await group_records(client, [group]))[0]
         except (GymflowError, RPCError, OSError) as e:
@@ -183,6 +182,24 @@ class _Loop:
         out = _output(summary, records[0] if records else None, group.group_id, response_length,
                       int(rollout_cfg.prompt_length), lambda: self._prompt_ids(kwargs))
         return AgentLoopOutput(metrics={"generate_sequences": elapsed}, **out)
+
+    async def _rollout(self, client: GymflowClient, task: Task, sampling: SamplingParams) -> RolloutSummary:
+        # verl gives the loop no stable id per copy of a row (its rollout_n restarts in every worker's chunk), so
+        # each call is a fresh rollout under a random sample index (the store's is 32-bit); verl's `uid` groups
+        # the copies for the advantage. An index already taken is never reused: another is drawn.
+        for _ in range(MAX_DRAWS):
+            inp = client.make_input(self.run_id, task, secrets.randbelow(2**31), self.model, sampling,
+                                    self.max_turns)
+            try:
+                handle, outcome = await client.start_rollout(inp)
+            except RPCError as err:
+                if is_transient(err):
+                    raise
+                return await client._rejected(inp, err)  # Temporal refused this one (too large): recorded failed
+            if outcome == "started":
+                return await client.result(handle, inp)
+        raise RuntimeError(f"gymflow agent loop: {MAX_DRAWS} random sample indices of task {task.id!r} in run "
+                           f"{self.run_id!r} were all taken")
 
     def _prompt_ids(self, row: dict[str, Any]) -> list[int]:
         """The prompt through verl's tokenizer: only for a masked output, whose rollout left no prompt ids."""
