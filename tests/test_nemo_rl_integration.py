@@ -181,7 +181,8 @@ async def test_rows_become_groups_with_token_exact_results_in_input_order(gf, to
         log = result["message_log"]
         assert [(m["role"], m["token_ids"].tolist()) for m in log] == expect
         for m in log[1::2]:
-            assert m["generation_logprobs"].tolist() == pytest.approx([token_logprob(t) for t in m["token_ids"].tolist()])
+            served = [token_logprob(t) for t in m["token_ids"].tolist()]
+            assert m["generation_logprobs"].tolist() == pytest.approx(served)
             assert m["is_invalid_tool_call"] is False
         assert result["input_message_log"][0]["token_ids"].tolist() == expect[0][1]
         (stored,) = sql("SELECT reward FROM rollouts WHERE id = %s", rid)[0]
