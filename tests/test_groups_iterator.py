@@ -76,6 +76,24 @@ def test_shuffle_is_seeded_per_epoch_and_cursor_skips_what_was_handed_over():
     assert a.position == Position(1, 0, ())
 
 
+async def test_continue_holds_new_groups_while_one_in_flight_is_over_the_bound(monkeypatch):
+    it = _it([faulty_task("t0")], stale="continue", max_staleness=1)
+    current = {"ordinal": 3}
+
+    async def ordinal(fresh: bool = False) -> int:
+        return current["ordinal"]
+
+    monkeypatch.setattr(it, "_current_ordinal", ordinal)
+    monkeypatch.setattr("gymflow.training.iterator.POLL_S", 0.01)
+    it._group_starts = {(0, 0): 2, (0, 1): 1}  # (0, 1) began 2 versions back: over K = 1
+    gate = asyncio.create_task(it._ahead_gate())
+    await asyncio.sleep(0.1)
+    assert not gate.done()  # held
+    it._group_starts.pop((0, 1))  # that group ended; the other is 1 behind: within K
+    await asyncio.wait_for(gate, 1)
+    assert await asyncio.wait_for(_it([faulty_task("t0")], stale="continue")._ahead_gate(), 1) is None  # no K
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="duplicate task id 't0'"):
         _it([faulty_task("t0"), faulty_task("t0")])
@@ -266,7 +284,7 @@ async def _wait_requests(scripted, count: int, timeout_s: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("stale", ["finish_and_tag", "cancel_and_restart"])
+@pytest.mark.parametrize("stale", ["finish_and_tag", "cancel_and_restart", "continue"])
 @pytest.mark.usefixtures("installed")
 async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale, monkeypatch):
     real_verify = FaultyEnvironment.verify
@@ -294,7 +312,12 @@ async def test_staleness_zero(gf, scripted, respond, sql, run_id, stale, monkeyp
     versions = sql("SELECT g.rollout_id, g.turn, g.policy_version FROM generations g JOIN rollouts r "
                    "ON r.id = g.rollout_id WHERE r.run_id = %s ORDER BY 1, 2", run_id)
     assert len(groups) == 2
-    if stale == "finish_and_tag":
+    if stale == "continue":  # the work is kept: no member cancelled, none withheld, each turn its own version
+        assert all(g.verdict == "complete" and g.staleness == 1 and g.trainable and g.restarts == 0 for g in groups)
+        assert it.withheld == [] and len(scripted.requests) == 4 * 2
+        assert {(turn, v) for _, turn, v in versions} == {(0, old), (1, new)}
+        assert sorted(sql("SELECT status FROM rollouts WHERE run_id = %s", run_id)) == [("completed",)] * 4
+    elif stale == "finish_and_tag":
         assert all(g.verdict == "stale" and g.staleness == 1 and not g.trainable for g in groups)
         assert len(it.withheld) == 2 and all(v == old for _, turn, v in versions if turn == 0)
         statuses = sql("SELECT status FROM rollouts WHERE run_id = %s", run_id)

@@ -33,6 +33,13 @@ def test_consistent_turns_join_with_mask_on_generated_tokens_only():
     assert seq.turns == seq.turns_in_sequence == 3 and seq.policy_versions == ["v0", "v1", "v2"]
     generated = [t for r in rows for t in r.generation_token_ids]
     assert [t for t, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m] == generated
+    # Each sampled token carries the version of its own turn (an episode spanning versions under "continue").
+    expected, length = [], 0
+    for r in rows:
+        expected += [None] * (len(r.prompt_token_ids) - length) + [r.policy_version] * len(r.generation_token_ids)
+        length = len(r.prompt_token_ids) + len(r.generation_token_ids)
+    assert seq.token_versions == expected and len(seq.token_versions) == len(seq.input_ids)
+    assert {v for v in seq.token_versions if v} == {"v0", "v1", "v2"}
 
 
 def test_rows_from_mappings_and_stale_turns_ignored():

@@ -17,7 +17,11 @@
   current one are handed over (policy.py). `stale="finish_and_tag"` lets older ones finish and withholds them
   as `stale`; `"cancel_and_restart"` cancels an in-flight rollout as soon as the policy moves more than K past
   the version current at its start, starts it again, and re-runs finished members found stale at the end (at
-  most `max_restarts` times per member, then the group is `stale`).
+  most `max_restarts` times per member, then the group is `stale`). `"continue"` keeps the work (AReaL's way):
+  nothing is cancelled or withheld, an episode in flight goes on under the new version, every turn keeps the
+  version that sampled it (records.TokenSequence.token_versions, beside the behaviour logprobs) and the group
+  carries its lag (`Group.staleness`); K bounds how far generation runs ahead instead: no new group starts while
+  one in flight began more than K versions behind the current one.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ from gymflow.training.groups import (
     incomplete_verdict,
 )
 
-Stale = Literal["finish_and_tag", "cancel_and_restart"]
-STALE_POLICIES: tuple[Stale, ...] = ("finish_and_tag", "cancel_and_restart")
+Stale = Literal["finish_and_tag", "cancel_and_restart", "continue"]
+STALE_POLICIES: tuple[Stale, ...] = ("finish_and_tag", "cancel_and_restart", "continue")
 POLL_S = 0.5  # how often an in-flight rollout checks the policy version (cancel_and_restart)
 ORDINAL_TTL_S = 0.5
 CANCEL_TIMEOUT_S = 30.0
@@ -158,6 +162,7 @@ class RolloutIterator:
         self._stopping = False
         self._checked_envs: set[str] = set()
         self._ordinal_cache: tuple[float, int | None] = (-1e9, None)
+        self._group_starts: dict[tuple[int, int], int] = {}  # (epoch, index) in flight -> ordinal at its start
         self._in_flight = 0
         self.max_seen_in_flight = 0  # the most groups ever running at once (backpressure, observable)
         self._gen: AsyncGenerator[Group, None] | None = None
@@ -197,18 +202,24 @@ class RolloutIterator:
         running: set[asyncio.Task[None]] = set()
 
         async def one(slot: _Slot) -> None:
+            key = (slot.epoch, slot.index)
             try:
+                if self.stale == "continue" and self.max_staleness is not None:
+                    self._group_starts[key] = await self._current_ordinal() or NO_VERSION_ORDINAL
                 item: Group | BaseException = await self._run_group(slot)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # surfaced to the trainer, never swallowed
                 item = e
+            finally:
+                self._group_starts.pop(key, None)
             queue.put_nowait(item)
 
         async def produce() -> None:
             try:
                 async for slot in self._slots():
                     await slots.acquire()  # released when a group is handed over: backpressure
+                    await self._ahead_gate()
                     if self._stopping:
                         break
                     self._in_flight += 1
@@ -342,8 +353,21 @@ class RolloutIterator:
         if not oldest:
             return 0, []
         staleness = current - min(oldest.values())
+        if self.stale == "continue":
+            return staleness, []  # measured, never withheld: the trainer corrects for it
         over = [m for m in members if current - oldest.get(m.inp.rollout_id, current) > self.max_staleness]
         return staleness, over
+
+    async def _ahead_gate(self) -> None:
+        """stale="continue" with K: wait while a group in flight began more than K versions behind the current
+        one. Ends: those groups go on to their end (their rollouts' own timeouts bound them) and leave the set."""
+        if self.stale != "continue" or self.max_staleness is None:
+            return
+        while self._group_starts and not self._stopping:
+            current = await self._current_ordinal()
+            if current is None or current - min(self._group_starts.values()) <= self.max_staleness:
+                return
+            await asyncio.sleep(POLL_S)
 
     async def _current_ordinal(self, fresh: bool = False) -> int | None:
         loop = asyncio.get_running_loop()

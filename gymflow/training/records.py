@@ -55,6 +55,9 @@ class TokenSequence:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
     policy_versions: list[str | None] = field(default_factory=list)  # one per turn of the rollout
+    # One per token of input_ids: the version that sampled it (None for the environment's tokens). Under
+    # stale="continue" an episode spans versions; an off-policy loss weighs each token by its own behaviour policy.
+    token_versions: list[str | None] = field(default_factory=list)
     turns: int = 0  # turns the rollout had
     turns_in_sequence: int = 0
     drift_turns: list[int] = field(default_factory=list)
@@ -133,6 +136,7 @@ def build_sequence(rows: Iterable[TurnTokens | Mapping[str, Any]], turns: int | 
         added = prompt[len(seq.input_ids):]  # the environment's tokens (all of the prompt at turn 0)
         seq.input_ids += added + gen
         seq.loss_mask += [0] * len(added) + [1] * len(gen)
+        seq.token_versions += [None] * len(added) + [seq.policy_versions[t.turn]] * len(gen)
         lp = _log_probs(t.generation_log_probs, len(gen))
         if seq.logprobs is not None and lp is not None:
             seq.logprobs += [0.0] * len(added) + lp
