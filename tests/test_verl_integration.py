@@ -7,11 +7,7 @@ verl cannot live in the project venv: its hydra-core needs antlr4 4.9 while math
 installed beside it, into a `pip --target` folder, and the agent loop runs in a child process (as in verl, where
 it runs in an AgentLoopWorker actor) with that folder first on its path:
 
-    .venv/bin/pip install --target .verl-venv --no-deps verl==0.9.1 ray==2.60.0 omegaconf==2.4.0 \
-        hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.15.3 pyvers==0.2.3 msgpack==1.2.4 \
-        jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 \
-        codetiming==1.4.0 orjson==3.13.0 cachetools==8.0.3 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 \
-        opentelemetry-api==1.45.3
+    .venv/bin/pip install --target .verl-venv --no-deps -r .ci/verl-requirements.txt    (.ci/run does)
 
 (279 MB, 240 of them ray; torch, transformers and numpy are the project venv's.) Without it the stack tests skip.
 """
