@@ -266,6 +266,10 @@ def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | No
         p.notes.append(f"join: rollout line(s) {report.unmatched} match no task of example.jsonl (kept as recorded)")
     rows = [json.loads(line) for line in joined.read_text().splitlines() if line.strip()]
     recorded, _ = _read_rollouts(rollouts)
+    if len(rows) != len(recorded):  # rows the join refused cannot be lined up with their recordings
+        p.not_runnable = (f"rows gymflow cannot load: {len(recorded) - len(rows)} of {len(recorded)} rollout "
+                          f"line(s) cannot be joined ({report.errors[0] if report.errors else 'dropped'})")
+        return p
     rows, recorded = (rows[:limit], recorded[:limit]) if limit else (rows, recorded)
     by_prompt = _tasks_by_prompt(tasks)
     p.recorded, p.tasks = recorded, [by_prompt.get(_prompt_key(r)) for r in recorded]
@@ -743,7 +747,9 @@ def reason(result: dict[str, Any]) -> str:
                        ("No module named", "needs packages not installed here"), ("network", "needs the network"),
                        ("URLError", "needs the network"), ("Name or service not known", "needs the network"),
                        ("uv is required", "needs packages not installed here"),
-                       ("data not shipped", "data not shipped"), ("values nobody set", "config values nobody set"),
+                       ("data not shipped", "data not shipped"),
+                       ("rows gymflow cannot load", "rows gymflow cannot load"),
+                       ("values nobody set", "config values nobody set"),
                        ("no verdict within", "no verdict within the time limit"),
                        ("no answer on /health", "no verdict within the time limit")):
         if key in text:

@@ -40,6 +40,23 @@ def test_samples_that_disagree_on_their_prompt_or_repeat_an_index_are_errors(tmp
     assert [(e.line, "prompt differs from line 1" in e.message) for e in errors] == [(2, True)]
 
 
+def test_join_mends_concatenated_files_repeated_samples_and_reused_ids(tmp_path, parity_files):
+    rows = [json.loads(line) for line in parity_files[SAMPLES].read_text().splitlines()]
+    # Two collections appended: task 0's sample 0 twice (graphwalks ships this), and an id given to two prompts
+    # (iheval's `id: 1`).
+    a, b = {**rows[0], "id": "q1"}, {**rows[1], "id": "q1"}
+    raw = tmp_path / "concatenated.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], rows[0], a, b]))
+    out = tmp_path / "joined.jsonl"
+    report = join(raw, None, out)
+    assert report.renumbered == [2] and report.renamed == [4] and report.errors == []
+    joined = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["_ng_rollout_index"] for r in joined[:2]] == [0, 1] and joined[3]["id"] == "q1-line4"
+    samples: dict[str, int] = {}
+    tasks, errors = load_jsonl(out, env="math_with_judge", samples=samples)
+    assert errors == [] and sorted(samples.values()) == [1, 1, 2] and len(tasks) == 3
+
+
 def test_join_gives_the_samples_of_a_task_file_row_its_id(tmp_path):
     tasks, rollouts, out = tmp_path / "tasks.jsonl", tmp_path / "rollouts.jsonl", tmp_path / "out.jsonl"
     tasks.write_text(json.dumps({"id": "t1", "responses_create_params": {"input": "q"}, "gold": 1}) + "\n")

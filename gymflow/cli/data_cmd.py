@@ -78,8 +78,19 @@ def join_cmd(rollouts: str, tasks: str | None, out: str) -> None:
         click.echo(f"error {text}", err=True)
     for line in report.unmatched:
         click.echo(f"{rollouts}:{line}: no task in {tasks} has this conversation", err=True)
+    if report.renumbered:
+        click.echo(f"{rollouts}: lines {_lines(report.renumbered)} repeat a sample of their task: numbered as its "
+                   "next samples", err=True)
+    if report.renamed:
+        click.echo(f"{rollouts}: lines {_lines(report.renamed)} reuse a task id for another prompt: each given "
+                   "its own id (<id>-line<N>)", err=True)
     joined = report.written - len(report.unmatched)
     how = f"{joined} joined" if tasks else "no --tasks: fields as recorded"
     click.echo(f"{report.written} rows -> {out} ({how}, {report.bad_lines} bad lines skipped)")
     if report.errors:
         raise SystemExit(1)
+
+
+def _lines(numbers: list[int], most: int = 10) -> str:
+    shown = ", ".join(map(str, numbers[:most]))
+    return shown + (f" (and {len(numbers) - most} more)" if len(numbers) > most else "")

@@ -55,6 +55,10 @@ class JoinReport:
     unmatched: list[int] = field(default_factory=list)  # rollout lines with no task
     errors: list[DatasetError] = field(default_factory=list)  # bad lines of either file, skipped
     bad_lines: int = 0
+    # Rollout files concatenated from several collections repeat a (task, sample) or reuse an id for another
+    # prompt: such lines are renumbered or given their own id (line numbers here), never refused as duplicates.
+    renumbered: list[int] = field(default_factory=list)
+    renamed: list[int] = field(default_factory=list)
 
 
 def refuse_to_overwrite(inputs: list[Path], out: Path) -> None:
@@ -169,7 +173,8 @@ def join(rollouts: str | Path, tasks: str | Path | None, out: str | Path) -> Joi
         index = {key: (line - 1, row) for line, key, row in _keyed_rows(task_file, task_errors)}
     after_tasks = max((position for position, _ in index.values()), default=-1) + 1
     unmatched_tasks: dict[str, int] = {}  # conversations of rows with no task: numbered after the file's tasks
-    numbered: Counter[str] = Counter()  # samples numbered so far, per task
+    used: dict[str, set[int]] = {}  # sample indices written so far, per task
+    conversation_of: dict[str, str] = {}  # the prompt each task id was first written with
     with atomic_output(target) as sink:
         for lineno, key, row in _keyed_rows(rollouts, rollout_errors):
             found = index.get(key)
@@ -181,9 +186,17 @@ def join(rollouts: str | Path, tasks: str | Path | None, out: str | Path) -> Joi
                 merged[NG_TASK_INDEX] = position if position is not None else \
                     unmatched_tasks.setdefault(key, after_tasks + len(unmatched_tasks))
             group = str(merged["id"]) if "id" in merged else f"task {merged[NG_TASK_INDEX]}"
-            if NG_ROLLOUT_INDEX not in merged:
-                merged[NG_ROLLOUT_INDEX] = numbered[group]
-            numbered[group] += 1
+            if conversation_of.setdefault(group, key) != key:  # the id names another prompt already
+                merged["id"] = group = f"{merged.get('id', group)}-line{lineno}"
+                conversation_of[group] = key
+                report.renamed.append(lineno)
+            taken = used.setdefault(group, set())
+            sample = merged.get(NG_ROLLOUT_INDEX)
+            if not isinstance(sample, int) or isinstance(sample, bool) or sample < 0 or sample in taken:
+                if sample is not None:
+                    report.renumbered.append(lineno)
+                merged[NG_ROLLOUT_INDEX] = sample = max(taken, default=-1) + 1
+            taken.add(sample)
             sink.write(json.dumps(merged, ensure_ascii=False).translate(_LINE_BREAKS) + "\n")
             report.written += 1
     report.errors = (task_errors.errors if task_errors else []) + rollout_errors.errors
