@@ -70,8 +70,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server-threads", type=int, default=1, help="torch threads of the model server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run", default="grpo-local", help="run id prefix; step k collects run <prefix>-s<k>")
+    p.add_argument("--off-policy", type=int, default=0, metavar="K",
+                   help="0: on-policy (each step's rollouts come from the current weights). K >= 1: step k+1's "
+                        "collection starts before step k's update and goes on across the weight change "
+                        "(staleness policy `continue`, bound K): rollouts from older versions are kept and "
+                        "corrected by the importance ratio against their own behaviour logprobs")
+    p.add_argument("--ppo-epochs", type=int, default=1,
+                   help="optimizer steps per batch (more than 1: the clip acts against the behaviour logprobs)")
     args = p.parse_args(argv)
-    for name in ("steps", "groups", "samples", "max_tokens", "threads", "server_threads"):
+    if args.off_policy < 0:
+        p.error("--off-policy must be 0 or more")
+    for name in ("steps", "groups", "samples", "max_tokens", "threads", "server_threads", "ppo_epochs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.samples < 2:
@@ -120,34 +129,50 @@ async def train(args: argparse.Namespace, settings: Settings, procs: list, serve
     torch.set_num_threads(args.threads)
     client = await GymflowClient.connect(settings, wait_s=120)
     curve: list[dict[str, Any]] = []
+    pending: asyncio.Task | None = None
     try:
         await wait_for_pools(settings, procs)
         await declare_policy_version(client, MODEL, "v0")  # the server starts as v0: its turns count as current
         model = await asyncio.to_thread(load_float_model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
         weights = out / "weights"
-        for step in range(1, args.steps + 1):
-            t0 = time.monotonic()
+
+        async def collect(step: int) -> tuple[list[Group], float]:
+            t = time.monotonic()
+            off = args.off_policy > 0  # `continue`: a rollout in flight when the weights change keeps its work
             groups = [g async for g in iterate_groups(
                 client, f"{args.run}-s{step:03d}", step_tasks(step, args.groups, args.seed), n=args.samples,
-                model=MODEL, max_groups_in_flight=args.groups, shuffle=False, max_staleness=0,
-                stale="cancel_and_restart", incomplete="wait")]
+                model=MODEL, max_groups_in_flight=args.groups, shuffle=False,
+                max_staleness=args.off_policy if off else 0, stale="continue" if off else "cancel_and_restart",
+                incomplete="wait")]
+            return groups, time.monotonic() - t
+
+        started = time.monotonic()  # steps per wall-clock second count from the first collection
+        pending = asyncio.create_task(collect(1))
+        for step in range(1, args.steps + 1):
+            t0 = time.monotonic()
+            groups, collect_s = await pending
+            if args.off_policy and step < args.steps:  # overlaps this step's update and weight sync
+                pending = asyncio.create_task(collect(step + 1))
             samples, versions, rewards = await read_samples(client, groups)
             t1 = time.monotonic()
-            stats = await asyncio.to_thread(policy_step, model, optimizer, samples)
+            stats = await asyncio.to_thread(policy_step, model, optimizer, samples, epochs=args.ppo_epochs)
             t2 = time.monotonic()
             version = f"v{step}"
             await asyncio.to_thread(model.save_pretrained, weights / version)
             load_s = await asyncio.to_thread(load_weights, server, weights / version, version)
             current = await declare_policy_version(client, MODEL, version)
             shutil.rmtree(weights / f"v{step - 1}", ignore_errors=True)  # 540 MB each; the server holds the new one
+            if not args.off_policy and step < args.steps:
+                pending = asyncio.create_task(collect(step + 1))
             mean = sum(rewards) / len(rewards) if rewards else float("nan")
             exact = sum(r == 1.0 for r in rewards) / max(1, len(rewards))
             curve.append({
                 "step": step, "mean_reward": mean, "exact_fraction": exact,
                 "rollouts": len(rewards), "groups": len(groups), "versions_generated": sorted(versions),
                 "policy_version": current.version, "policy_ordinal": current.ordinal, **asdict(stats),
-                "collect_s": round(t1 - t0, 2), "update_s": round(t2 - t1, 2),
+                "collect_s": round(collect_s, 2), "waited_for_rollouts_s": round(t1 - t0, 2),
+                "update_s": round(t2 - t1, 2), "elapsed_s": round(time.monotonic() - started, 2),
                 "save_load_s": round(time.monotonic() - t2, 2), "server_load_s": load_s})
             print(f"step {step}: mean reward {mean:.3f} ({len(rewards)} rollouts, generated by "
                   f"{','.join(sorted(versions))}), loss {stats.loss:.4f}, weight change {stats.weight_change:.4f}, "
@@ -156,6 +181,8 @@ async def train(args: argparse.Namespace, settings: Settings, procs: list, serve
         now = await current_policy_version(client, MODEL)
         print(f"current policy of {MODEL!r}: {now.version if now else None} (ordinal {now.ordinal if now else 0})")
     finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
         await client.close()
     return curve
 

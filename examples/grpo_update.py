@@ -26,8 +26,8 @@ class StepStats:
     weight_change: float  # L2 norm of (new - old) parameters: proof the update moved the weights
     samples: int
     tokens: int
-    clip_fraction: float
-    max_logprob_gap: float  # |trainer logprob - server logprob| before the update; ~1e-3 when they agree
+    clip_fraction: float  # of generated tokens, averaged over the epochs
+    max_logprob_gap: float  # |trainer logprob - server logprob| before the update; ~1e-5 when on-policy
 
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
@@ -72,31 +72,38 @@ def _token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tenso
 
 
 def policy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
-                clip_eps: float = 0.2, max_grad_norm: float = 1.0) -> StepStats:
-    """One optimizer step of the clipped surrogate -min(ratio * A, clip(ratio) * A), each sequence's tokens
-    averaged, then averaged over sequences (GRPO; no KL term). One step per batch of fresh samples, so the
-    ratio starts at 1 and the clip only guards against a server/trainer mismatch."""
+                clip_eps: float = 0.2, max_grad_norm: float = 1.0, epochs: int = 1) -> StepStats:
+    """`epochs` optimizer steps on one batch of the clipped surrogate -min(ratio * A, clip(ratio) * A), each
+    sequence's tokens averaged, then averaged over sequences (GRPO; no KL term). `ratio` is against the
+    behaviour logprobs, the server's, token by token (whichever policy version sampled each token), so it is an
+    importance ratio: 1 on a fresh batch's first epoch, and the clip acts from the second epoch on or when the
+    batch was sampled by an older version (the off-policy mode of examples/grpo_local.py)."""
     learnable = [s for s in samples if s.advantage != 0.0 and s.seq.logprobs is not None and any(s.seq.loss_mask)]
     if not learnable:
         return StepStats(0.0, 0.0, 0.0, 0, 0, 0.0, 0.0)
     ids, attn, mask, old = _batch(learnable)
     adv = torch.tensor([s.advantage for s in learnable], dtype=torch.float32)[:, None]
     before = [p.detach().clone() for p in model.parameters()]
-    model.train()
-    new = _token_logprobs(model, ids, attn, mask)
-    ratio = torch.exp(new - old)
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
-    per_token = -torch.minimum(ratio * adv, clipped * adv)
-    per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    loss = per_seq.mean()  # ~0 on a fresh batch (advantages sum to 0 per group); its gradient is not
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
+    tokens = float(mask.sum())
+    clip_fracs, gap, loss, grad_norm = [], 0.0, torch.tensor(0.0), torch.tensor(0.0)
+    for epoch in range(epochs):
+        model.train()
+        new = _token_logprobs(model, ids, attn, mask)
+        ratio = torch.exp(new - old)
+        clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        loss = per_seq.mean()  # ~0 on a fresh batch (advantages sum to 0 per group); its gradient is not
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        with torch.no_grad():
+            clip_fracs.append(float((((ratio - clipped).abs() > 1e-6).float() * mask).sum() / max(tokens, 1.0)))
+            if epoch == 0:
+                gap = float(((new - old).abs() * mask).max())
     model.eval()
     with torch.no_grad():
         change = math.sqrt(sum(float((p - b).pow(2).sum()) for p, b in zip(model.parameters(), before, strict=True)))
-        tokens = float(mask.sum())
-        clip_frac = float((((ratio - clipped).abs() > 1e-6).float() * mask).sum() / max(tokens, 1.0))
-        gap = float(((new - old).abs() * mask).max())
-    return StepStats(float(loss.detach()), float(grad_norm), change, len(learnable), int(tokens), clip_frac, gap)
+    return StepStats(float(loss.detach()), float(grad_norm), change, len(learnable), int(tokens),
+                     sum(clip_fracs) / len(clip_fracs), gap)

@@ -76,6 +76,13 @@ def test_policy_step_moves_probability_towards_the_better_sample():
     assert seq_logprob(good) > before_good + 0.5 and seq_logprob(bad) < before_bad - 0.5
     # A batch with no signal (all advantages 0) is no update at all.
     assert policy_step(model, opt, [sample(good, 0.0)]).weight_change == 0.0
+    # Several epochs on one batch (the off-policy mode): the ratio leaves 1 after the first, so the clip acts;
+    # one epoch on a fresh batch never clips.
+    batch = [sample(good, 1.0), sample(bad, -1.0)]
+    assert policy_step(model, opt, batch, epochs=1).clip_fraction == 0.0
+    batch = [sample(good, 1.0), sample(bad, -1.0)]
+    many = policy_step(model, opt, batch, epochs=6)
+    assert many.clip_fraction > 0.0 and many.max_logprob_gap < 1e-4  # the first epoch still matched the "server"
 
 
 def test_demo_without_the_local_model_names_the_pip_commands(tmp_path, monkeypatch):
