@@ -269,6 +269,10 @@ def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | No
     if len(rows) != len(recorded):  # rows the join refused cannot be lined up with their recordings
         p.not_runnable = (f"rows gymflow cannot load: {len(recorded) - len(rows)} of {len(recorded)} rollout "
                           f"line(s) cannot be joined ({report.errors[0] if report.errors else 'dropped'})")
+        agent = (recorded[0].get("agent_ref") or {}).get("name") if recorded else None
+        if isinstance(agent, str) and agent.endswith("_agent") and "simple" not in agent:
+            p.not_runnable = (f"another agent's protocol: NeMo Gym drives it with its own {agent}, which builds the "
+                              f"prompt (the rows' `input` is empty); {p.not_runnable}")
         return p
     rows, recorded = (rows[:limit], recorded[:limit]) if limit else (rows, recorded)
     by_prompt = _tasks_by_prompt(tasks)
@@ -658,11 +662,28 @@ FINDINGS = [
     "ship rollouts of tasks their example.jsonl does not hold, without the fields /verify needs; four ship "
     "placeholder rollout files (`<PLACEHOLDER ROW>`); four ship rows without a `response`; lc_niah and "
     "math_with_code row 4 were recorded with scoring that NeMo Gym 0.7.0 no longer does (see their rows).",
+    "- Servers' own packages: with `gymflow env nemo-gym-install` run on the 26 servers in INSTALLED (index "
+    "packages only, nothing from git, no torch), 16 more servers agree on every row (48 before). The other ten then "
+    "stop for reasons beyond packages: start-up downloads (evalplus and ether0 fetch data, newton_bench `git "
+    "clone`s), another agent's protocol (grl_sokoban and grl_tetris: gymnasium_agent; scicode, gdpval, "
+    "toolsandbox: their own agents build the prompt, the rows' `input` is empty), NeMo Gym's own request model "
+    "rejecting its recorded `usage` (mrcr, ruler2), rollouts of tasks example.jsonl lacks (structured_outputs).",
+    "- Rollout files concatenated from several collections (graphwalks repeats task 11's sample 0; iheval gives "
+    "`id: 1` to two prompts) were refused by gymflow's loader as duplicates; `gymflow data join` now numbers a "
+    "repeated sample as the task's next one and gives a reused id its own (`<id>-line<N>`), and both agree.",
     "- Reproducible: a second full run (17 minutes on this 2-core machine) gave the same verdict, the same NeMo Gym "
     "reward and the same gymflow reward on every row of every server.",
     "- The bench replays a recording that ends on a tool call (a single-step agent) with that many turns, as NeMo "
     "Gym's agent stopped there (single_step_tool_use_with_argument_comparison row 1).",
 ]
+# Servers whose own requirements.txt the measured venv holds (`--install`, or `gymflow env nemo-gym-install` on
+# them): every server whose packages come from the index and are light (no torch, no browser download), and whose
+# config asks for no sandbox or credentials.
+INSTALLED = (
+    "arena", "asr_with_pc", "assaybench", "evalplus", "fukuyamabench", "graphwalks", "grl_sokoban", "grl_tetris",
+    "iheval", "labbench2_vlm", "mcqa", "moldetox", "mrcr", "newton_bench", "reasoning_gym", "ruler2", "scicode",
+    "structeval", "structured_outputs", "terminal_multi_harness", "terminus_judge", "toolsandbox", "widesearch",
+    "gdp_pdf", "ether0", "gdpval")
 # The class of why a server is not runnable, where the refusal or the error does not say it (see `reason`).
 REASONS: dict[str, str] = {
     "competitive_coding_challenges": "data not shipped", "critpt": "needs the network", "vibench": "data not shipped",
@@ -749,6 +770,7 @@ def reason(result: dict[str, Any]) -> str:
                        ("uv is required", "needs packages not installed here"),
                        ("data not shipped", "data not shipped"),
                        ("rows gymflow cannot load", "rows gymflow cannot load"),
+                       ("another agent's protocol", "another agent's protocol (not seed/verify)"),
                        ("values nobody set", "config values nobody set"),
                        ("no verdict within", "no verdict within the time limit"),
                        ("no answer on /health", "no verdict within the time limit")):
@@ -818,7 +840,8 @@ def render(work: Path, servers: list[str], command: str) -> str:
         "bench/results/nemo-gym-catalogue/results/)",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
         f"{os.cpu_count()} cores, gymflow on Python {platform.python_version()}, NeMo Gym 0.7.0 on its own "
-        "Python 3.13 (`.nemo313`)",
+        "Python 3.13 (`.nemo313`) holding nemo-gym, math-verify and the own requirements of "
+        f"{len(INSTALLED)} servers (`--install`: {', '.join(INSTALLED)})",
         f"- servers: {len(servers)}" + (f" ({missing} not reached yet)" if missing else "") + "; "
         + "; ".join(f"{k}: {totals[k]}" for k in order),
         "- not runnable, by reason: " + "; ".join(f"{k}: {v}" for k, v in reasons.most_common()),
@@ -846,8 +869,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--doc", type=Path, default=DOC)
     ap.add_argument("--render-only", action="store_true", help="write the document from the results there are")
+    ap.add_argument("--install", action="store_true",
+                    help="first install INSTALLED's own requirements into the NeMo Gym venv (gymflow env "
+                         "nemo-gym-install)")
     args = ap.parse_args(argv)
     os.environ.setdefault(catalogue.PYTHON_ENV, str(NEMO_PYTHON))
+    if args.install:
+        from gymflow.environments.nemo_gym_install import install_servers
+
+        install_servers(INSTALLED, Path(os.environ[catalogue.PYTHON_ENV]))
     os.environ[managed.START_TIMEOUT_ENV] = START_TIMEOUT_S
     import logging
     logging.basicConfig(level=logging.WARNING)
