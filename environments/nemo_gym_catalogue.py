@@ -221,12 +221,13 @@ def catalogue(py: Path | None = None) -> dict[str, ServerInfo]:
     return {d.name: _describe(d, dists) for d in sorted(root.iterdir()) if (d / "app.py").is_file()}
 
 
-def server(name: str) -> ServerInfo:
-    """One installed server, or a ConfigError naming the close matches."""
-    servers = catalogue(python())
+def server(name: str, py: Path | None = None) -> ServerInfo:
+    """One server installed for `py` (default: `python()`), or a ConfigError naming the close matches."""
+    py = py or python()
+    servers = catalogue(py)
     if name not in servers:
         close = [n for n in servers if name.split("_")[0] in n][:5]
         hint = f" (similar: {', '.join(close)})" if close else ""
-        raise ConfigError(f"NeMo Gym resources server {name!r} is not installed in {python()}{hint}: "
+        raise ConfigError(f"NeMo Gym resources server {name!r} is not installed in {py}{hint}: "
                           "`gymflow env list --nemo-gym` lists those that are")
     return servers[name]

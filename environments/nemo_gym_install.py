@@ -65,12 +65,7 @@ def ensure_venv(python: Path | None = None, say: Callable[[str], None] = print) 
 def server_requirements(name: str, py: Path) -> list[str]:
     """The index packages server `name` needs beyond nemo-gym; a ConfigError for lines that cannot install
     offline (git, URL, path)."""
-    servers = catalogue.catalogue(py)
-    if name not in servers:
-        close = [n for n in servers if name.split("_")[0] in n][:5]
-        raise ConfigError(f"NeMo Gym resources server {name!r} is not installed in {py}"
-                          + (f" (similar: {', '.join(close)})" if close else ""))
-    plain, remote = catalogue.requirements(servers[name].folder)
+    plain, remote = catalogue.requirements(catalogue.server(name, py).folder)
     if remote:
         raise ConfigError(f"{name}: its requirements.txt needs packages from a URL or path ({', '.join(remote)}), "
                           "which cannot install offline")
