@@ -52,6 +52,7 @@ from gymflow.embedded import (  # noqa: E402
     with_policy,
 )
 from gymflow.localmodel.control import load_weights as post_load_weights  # noqa: E402
+from gymflow.localmodel.weights import save_weights  # noqa: E402
 
 MODEL = "policy"
 LOAD_TIMEOUT_S = 300.0  # reading 540 MB of float32 weights; slow disks and a busy CPU stretch it
@@ -159,7 +160,7 @@ async def train(args: argparse.Namespace, settings: Settings, procs: list, serve
             stats = await asyncio.to_thread(policy_step, model, optimizer, samples, epochs=args.ppo_epochs)
             t2 = time.monotonic()
             version = f"v{step}"
-            await asyncio.to_thread(model.save_pretrained, weights / version)
+            await asyncio.to_thread(save_weights, model, weights / version)
             load_s = await asyncio.to_thread(load_weights, server, weights / version, version)
             current = await declare_policy_version(client, MODEL, version)
             shutil.rmtree(weights / f"v{step - 1}", ignore_errors=True)  # 540 MB each; the server holds the new one

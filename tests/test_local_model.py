@@ -233,6 +233,60 @@ def test_load_weights_changes_version_and_output(server: Any, http: httpx.Client
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
 
 
+def _scaled_norm(server: Any, seed: int) -> Any:
+    import torch
+
+    model = copy.deepcopy(server.engine.model)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed)
+        model.model.norm.weight.mul_(torch.rand(model.model.norm.weight.shape, generator=g) * 2)
+    return model
+
+
+def _served_logits_match(server: Any, model: Any) -> bool:
+    import torch
+
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        return torch.equal(server.engine.model(x).logits, model(x).logits)
+
+
+def test_save_weights_writes_what_load_weights_reads(server: Any, http: httpx.Client) -> None:
+    from gymflow.localmodel.weights import save_weights
+
+    root, auth = server.weights_root.root, {"Authorization": f"Bearer {server.control_token}"}
+    model = _scaled_norm(server, 1)
+    save_weights(model, root / "fast")
+    assert sorted(p.name for p in (root / "fast").iterdir()) == ["config.json", "generation_config.json",
+                                                                 "model.safetensors"]
+    r = http.post("/load_weights", json={"path": str(root / "fast"), "version": "fast-1"}, headers=auth)
+    assert r.status_code == 200 and r.json()["policy_version"] == "fast-1", r.text
+    assert _served_logits_match(server, model)  # the tied head came back from the config
+
+
+def test_load_state_swaps_in_process_and_a_bad_state_keeps_the_old_one(server: Any, http: httpx.Client) -> None:
+    first, second = _scaled_norm(server, 2), _scaled_norm(server, 3)
+    assert server.load_state(first.state_dict(), "mem-1")["policy_version"] == "mem-1"
+    assert _served_logits_match(server, first) and _chat(http, max_tokens=2)["policy_version"] == "mem-1"
+    with torch_no_grad():
+        first.model.norm.weight.mul_(0.5)  # the trainer goes on changing its module: the served copy must not
+    assert not _served_logits_match(server, first)
+    server.load_state(second.state_dict(), "mem-2")  # into the standby module this time
+    assert _served_logits_match(server, second) and server.engine.version == "mem-2"
+    state = {k: v for k, v in first.state_dict().items() if not k.startswith("model.norm")}
+    with pytest.raises(ValueError, match="lacks 1 of the served model's tensors"):
+        server.load_state(state, "mem-3")
+    assert server.engine.version == "mem-2" and _served_logits_match(server, second)
+    assert server.load_state(first.state_dict(), "mem-4")["policy_version"] == "mem-4"  # rebuilt after the error
+    assert _served_logits_match(server, first)
+
+
+def torch_no_grad() -> Any:
+    import torch
+
+    return torch.no_grad()
+
+
 def test_stopping_mid_batch_ends_within_seconds(server: Any, http: httpx.Client) -> None:
     """Last in the file: it stops the shared server. A long generation in flight does not hold the stop (Ctrl-C of
     `python -m gymflow.localmodel` runs this same stop); the request in flight gets a 503, not a hang."""

@@ -254,9 +254,13 @@ class GymflowRollout:
 
     def _load(self, model: Any, sync: WeightSync, version: str, previous: str) -> None:
         from gymflow.localmodel.control import load_weights
+        from gymflow.localmodel.weights import save_weights
 
         path = sync.weights_root / version
-        model.save_pretrained(path)
+        if hasattr(model, "config") and hasattr(model, "state_dict"):  # a transformers model: the faster writer
+            save_weights(model, path)  # read like save_pretrained's, in ~half the time (bench/weight_sync.py)
+        else:
+            model.save_pretrained(path)
         try:
             reply = load_weights(sync.base_url, sync.token, path, version, timeout_s=sync.timeout_s)
         except (RuntimeError, httpx.HTTPError) as e:

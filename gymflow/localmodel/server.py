@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -28,6 +28,7 @@ from gymflow.http_service import ThreadedHTTPService, json_app, listen_host, rea
 from gymflow.localmodel.control import WeightsRoot, authorized
 from gymflow.localmodel.engine import Engine, Generation, check_weights_dir, finite, load_model
 from gymflow.localmodel.request import BadRequest, ChatRequest, parse_request
+from gymflow.localmodel.weights import fill_module, state_module
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 << 20
@@ -210,6 +211,7 @@ class LocalModelServer(ThreadedHTTPService):
         self._worker = _Worker(queue_size, max_batch, self._run_chats)
         self._max_batch = max_batch
         self._load_lock = threading.Lock()
+        self._standby: Any = None  # the module swapped out last by load_state: the next one is copied into it
         self._serve(json_app(self._get, self._post, MAX_BODY_BYTES), listen_host(host), port, "localmodel-http")
 
     def start(self) -> LocalModelServer:
@@ -280,6 +282,26 @@ class LocalModelServer(ThreadedHTTPService):
                                  f"tokenizer needs {self.engine.model.config.vocab_size}")
             self._worker.call(lambda: self.engine.swap(model, version), self.request_timeout_s)
         log.info("loaded weights version %s in %.1fs", version, time.monotonic() - started)
+        return {"policy_version": version, "load_s": round(time.monotonic() - started, 3)}
+
+    def load_state(self, state: Mapping[str, Any], version: str) -> dict[str, Any]:
+        """In-process weight sync for a trainer that runs this server on its own threads: `state` (a state dict,
+        e.g. `model.state_dict()`) is copied into a standby module and swapped in between batches; no file, no
+        HTTP. The previous version keeps serving until the swap, and on any error."""
+        if not isinstance(version, str) or not version.strip() or len(version) > MAX_VERSION_CHARS:
+            raise ValueError(f"`version` must be a non-empty string of at most {MAX_VERSION_CHARS} characters")
+        with self._load_lock:
+            started = time.monotonic()
+            standby = self._standby
+            if standby is None:
+                standby = state_module(self.engine.model, state)
+            else:
+                fill_module(standby, state)
+            self._standby = None  # half-filled after an error: rebuilt next time
+            previous = self.engine.model
+            self._worker.call(lambda: self.engine.swap(standby, version), self.request_timeout_s)
+            self._standby = previous  # out of use: swaps land between batches, on the worker thread
+        log.info("loaded weights version %s in process in %.2fs", version, time.monotonic() - started)
         return {"policy_version": version, "load_s": round(time.monotonic() - started, 3)}
 
     # --- HTTP ------------------------------------------------------------------------------------------------
