@@ -85,6 +85,7 @@ from gymflow.kernel.wire import (
     ToolCall,
     ToolSpec,
     Usage,
+    content_chars,
     not_run_message,
     sample_index_of,
 )
@@ -390,7 +391,7 @@ class EpisodeActivities:
         if longest_id > MAX_TOOL_CALL_ID_CHARS:
             raise GymflowError(f"the reply of turn {req.turn} has a tool call id of {longest_id} characters, over "
                                f"{MAX_TOOL_CALL_ID_CHARS}", failure_type=REPLY_TOO_LARGE)
-        size = (len(message.content or "") + len(message.reasoning_content or "")
+        size = (content_chars(message.content) + len(message.reasoning_content or "")
                 + sum(len(c.id) + len(c.function.name) + len(c.function.arguments) for c in calls))
         numbers = max((len(v) for v in (tokens or {}).values() if isinstance(v, list)), default=0)
         if req.max_reply_chars is not None and max(size, numbers) > req.max_reply_chars:
@@ -401,7 +402,7 @@ class EpisodeActivities:
             raise GymflowError(f"the reply of turn {req.turn} makes {len(calls)} tool calls, over "
                                f"limits.max_tool_calls_per_turn={req.max_tool_calls_per_turn}; none ran",
                                failure_type=TOO_MANY_TOOL_CALLS)
-        if not self._redactor.hits(message.content, message.reasoning_content, *(c.id for c in calls),
+        if not self._redactor.hits(message.text, message.reasoning_content, *(c.id for c in calls),
                                    *(c.function.arguments for c in calls), *(c.function.name for c in calls)):
             return message
         # Redacted the same way everywhere, so a tool message's (redacted) tool_call_id still pairs with its call.

@@ -192,7 +192,7 @@ def final_assistant_text(messages: Sequence[ChatMessage]) -> str | None:
     """The content of the last assistant message, or None when the model never answered in text."""
     for m in reversed(messages):
         if m.role == "assistant":
-            return m.content
+            return m.text
     return None
 
 
@@ -200,7 +200,7 @@ def episode_assistant_texts(messages: Sequence[ChatMessage]) -> list[str]:
     """The text of every assistant message after the prompt (the last user or system message), in order: the
     model's own output over the episode, as NeMo Gym's verifiers read `response.output`."""
     start = max((i + 1 for i, m in enumerate(messages) if m.role in ("user", "system")), default=0)
-    return [m.content for m in messages[start:] if m.role == "assistant" and m.content]
+    return [m.text for m in messages[start:] if m.role == "assistant" and m.text]
 
 
 def called_tools(messages: Sequence[ChatMessage]) -> list[str]:

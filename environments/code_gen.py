@@ -254,7 +254,7 @@ def has_reasoning_format_violation(messages: Sequence[ChatMessage]) -> bool:
     last = next((m for m in reversed(messages) if m.role == "assistant"), None)
     if last is None:
         return False
-    answer, reasoning = last.content or "", last.reasoning_content or ""
+    answer, reasoning = last.text or "", last.reasoning_content or ""
     if "<think>" in answer or "</think>" in answer:
         return True
     return reasoning.count("<think>") > 1 or reasoning.count("</think>") > 1

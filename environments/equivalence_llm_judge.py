@@ -177,8 +177,8 @@ def load_options(options: JSON) -> JudgeOptions:
 def last_text(messages: Sequence[ChatMessage], role: str) -> str:
     """The last non-empty text of `role`, stripped (NeMo Gym skips tool-call items, which carry no text)."""
     for m in reversed(messages):
-        if m.role == role and isinstance(m.content, str) and m.content.strip():
-            return m.content.strip()
+        if m.role == role and m.text and m.text.strip():  # a message with an image: its text parts
+            return m.text.strip()
     return ""
 
 
@@ -227,7 +227,7 @@ class EquivalenceLLMJudgeEnvironment(Environment[EquivalenceLLMJudgeTask]):
         gold_message = ChatMessage(role="assistant", content=data.gold)
 
         async def exact(model: str, msgs: Sequence[ChatMessage]) -> str:
-            prompt = msgs[-1].content or ""
+            prompt = msgs[-1].text or ""
             ok = prompt.endswith(f"\n{(data.gold or '').strip()}")
             return "[[A=B]]" if ok else "[[A!=B]]"
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gymflow.kernel.responses_format import content_to_input
 from gymflow.kernel.wire import ChatMessage, Task, ToolSpec
 
 JSON = dict[str, Any]
@@ -27,16 +28,16 @@ def tool_json(tool: ToolSpec) -> JSON:
 def _message_items(m: ChatMessage, index: int) -> list[JSON]:
     """One chat message as Responses items; `index` keeps generated ids unique within the episode."""
     if m.role == "tool":
-        return [{"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content or ""}]
+        return [{"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.text or ""}]
     if m.role != "assistant":
-        return [{"type": "message", "role": m.role, "content": m.content or ""}]
+        return [{"type": "message", "role": m.role, "content": content_to_input(m.content)}]
     items: list[JSON] = []
     if m.reasoning_content:
         items.append({"type": "reasoning", "id": f"rs_{index}",
                       "summary": [{"type": "summary_text", "text": m.reasoning_content}]})
-    if m.content or not m.tool_calls:  # an empty answer is still an answer (NeMo Gym keeps the message item)
+    if m.text or not m.tool_calls:  # an empty answer is still an answer (NeMo Gym keeps the message item)
         items.append({"type": "message", "id": f"msg_{index}", "role": "assistant", "status": "completed",
-                      "content": [{"type": "output_text", "text": m.content or "", "annotations": []}]})
+                      "content": [{"type": "output_text", "text": m.text or "", "annotations": []}]})
     for j, call in enumerate(m.tool_calls or ()):
         items.append({"type": "function_call", "id": f"fc_{index}_{j}", "call_id": call.id,
                       "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
@@ -48,7 +49,8 @@ def items(messages: Sequence[ChatMessage], start: int = 0) -> list[JSON]:
 
 
 def create_params(task: Task) -> JSON:
-    """The row's `responses_create_params` as far as the task keeps it (roles developer->system, text parts joined)."""
+    """The row's `responses_create_params` as far as the task keeps it (roles developer->system, text parts joined
+    unless the message holds an image, whose parts come back as the row had them)."""
     params: JSON = {"input": items(task.messages)}
     if task.tools:
         params["tools"] = [tool_json(t) for t in task.tools]

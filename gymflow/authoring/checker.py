@@ -249,7 +249,7 @@ async def _episode(calls: _Calls, turns: Sequence[ChatMessage], max_turns: int
             messages.append(res.message)
             state = res.state
             if res.is_error:
-                tool_errors.append(_short(f"{call.function.name}: {res.message.content}")[:120])
+                tool_errors.append(_short(f"{call.function.name}: {res.message.text}")[:120])
             if res.done:
                 ended_by = call.function.name
         if not reply.tool_calls or ended_by is not None:

@@ -40,7 +40,7 @@ from gymflow.kernel import failures
 from gymflow.kernel.connect import TemporalUnreachable
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.store.policy_versions import Current
-from gymflow.kernel.wire import SamplingParams, Task
+from gymflow.kernel.wire import SamplingParams, Task, content_json
 from gymflow.training.groups import Group, Incomplete
 from gymflow.training.iterator import Position, RolloutIterator, Stale
 from gymflow.training.policy import current_policy_version, declare_policy_version
@@ -68,7 +68,8 @@ class VersionOrderError(ValueError):
 
 
 def _prompt_messages(task: Task) -> list[dict[str, Any]]:
-    return [{"role": m.role, "content": m.content or ""} for m in task.messages]
+    # Image prompts as Chat Completions parts, as a multimodal processor's chat template reads them.
+    return [{"role": m.role, "content": content_json(m.content) or ""} for m in task.messages]
 
 
 def prompt_key(prompt: Any) -> str:

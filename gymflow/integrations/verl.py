@@ -50,7 +50,7 @@ from gymflow.client import is_transient
 from gymflow.integrations.trl import StackUnavailable, _stack_fault
 from gymflow.integrations.trl_batch import completion_of
 from gymflow.kernel.errors import GymflowError
-from gymflow.kernel.wire import RolloutSummary, SamplingParams, Task
+from gymflow.kernel.wire import RolloutSummary, SamplingParams, Task, content_json
 from gymflow.training.groups import Group, usable
 from gymflow.training.records import TrainingRecord, group_records
 
@@ -74,7 +74,7 @@ def verl_rows(tasks: Iterable[Task], *, agent_name: str = AGENT_NAME, data_sourc
     for i, t in enumerate(tasks):
         rows.append({
             "data_source": data_source, "agent_name": agent_name,
-            "prompt": [{"role": m.role, "content": m.content or ""} for m in t.messages],
+            "prompt": [{"role": m.role, "content": content_json(m.content) or ""} for m in t.messages],
             "reward_model": {"style": "gymflow", "ground_truth": ""},
             "extra_info": {"index": i, "task_id": t.id, ROW_KEY: t.model_dump_json()},
         })

@@ -31,3 +31,8 @@ MAX_ERROR_CHARS = 500  # one error's text; values quoted in it are cut to fit
 MAX_DECOMPRESSED_BYTES = 64 << 20
 MAX_UNIT_TESTS = 10_000
 MAX_UNIT_TEST_BYTES = 16 << 20  # one test's input or expected output
+
+# An image in a prompt is a data: URL (nothing is fetched at run time), so it travels inside its row and the
+# row's limit bounds it. Named apart so that a message built elsewhere (an environment's prompt) meets the same
+# bound, and the error says which limit it met.
+MAX_IMAGE_URL_CHARS = MAX_ROW_BYTES

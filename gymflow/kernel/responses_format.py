@@ -8,15 +8,28 @@ from typing import Any
 from pydantic import ValidationError
 
 from gymflow.kernel.errors import TaskError
-from gymflow.kernel.wire import ChatMessage, FunctionCall, SamplingParams, ToolCall, ToolSpec
+from gymflow.kernel.wire import (
+    ChatMessage,
+    Content,
+    FunctionCall,
+    ImagePart,
+    ImageURL,
+    SamplingParams,
+    TextPart,
+    ToolCall,
+    ToolSpec,
+    image_url_problem,
+)
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 
 
 def validation_message(err: ValidationError, where: str) -> str:
-    """A pydantic error as `where.field: message`, naming the first problem only."""
+    """A pydantic error as `where.field: message`, naming the first problem only. Union branch tags ("plain string",
+    "content parts": gymflow/kernel/wire.py) are no identifiers and are left out of the path."""
     first = err.errors()[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]
+                  if isinstance(p, int) or p.isidentifier())
     return f"{where}{loc}: {first['msg']}"
 
 
@@ -27,22 +40,69 @@ def _optional_str(item: dict[str, Any], key: str, where: str) -> str | None:
     return value
 
 
-def _text(content: Any, where: str) -> str:
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_DETAILS = ("auto", "low", "high")
+
+
+def _image_part(part: dict[str, Any], where: str) -> ImagePart:
+    """A Responses `input_image` part -> a chat `image_url` part (inline data URLs only: nothing is fetched)."""
+    if part.get("file_id") is not None:
+        raise TaskError(f"{where}.file_id: uploaded files are not supported; give the image as a data: URL in "
+                        "image_url")
+    url = part.get("image_url")
+    if url is None:
+        raise TaskError(f"{where}.image_url: required (a data:image/...;base64, URL)")
+    if problem := image_url_problem(url):
+        raise TaskError(f"{where}.image_url: {problem}")
+    detail = part.get("detail")
+    if detail is not None and detail not in _DETAILS:
+        raise TaskError(f"{where}.detail: expected one of {', '.join(_DETAILS)}, got {detail!r}")
+    return ImagePart(image_url=ImageURL(url=url, detail=detail))
+
+
+def _content(content: Any, where: str) -> Content:
+    """Responses message content -> chat content: text parts joined into a string as before, unless the
+    message holds an image, which keeps every part in order."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise TaskError(f"{where}.content[{i}]: expected a text part")
-        return "".join(parts)
-    raise TaskError(f"{where}.content: expected a string or a list of text parts")
+    if not isinstance(content, list):
+        raise TaskError(f"{where}.content: expected a string or a list of content parts")
+    parts: list[TextPart | ImagePart] = []
+    for i, part in enumerate(content):
+        here = f"{where}.content[{i}]"
+        if isinstance(part, str):
+            parts.append(TextPart(text=part))
+        elif not isinstance(part, dict):
+            raise TaskError(f"{here}: expected a text or image part")
+        elif part.get("type") == "input_image":
+            parts.append(_image_part(part, here))
+        elif isinstance(part.get("text"), str):  # any part with a text, whatever its type, as before images
+            parts.append(TextPart(text=part["text"]))
+        else:
+            raise TaskError(f"{here}: expected a text part ({', '.join(_TEXT_PARTS)}) or an input_image part, got "
+                            f"type {part.get('type')!r}")
+    if not any(isinstance(p, ImagePart) for p in parts):
+        return "".join(p.text for p in parts if isinstance(p, TextPart))
+    return tuple(parts)
+
+
+def content_to_input(content: Content) -> str | list[dict[str, Any]]:
+    """The inverse of the message content conversion: a string as it is; parts as `input_text` and `input_image`
+    parts, the image as a row has it (`image_url` a string, `detail` only when one was given)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    out: list[dict[str, Any]] = []
+    for part in content:
+        if isinstance(part, ImagePart):
+            image: dict[str, Any] = {"type": "input_image", "image_url": part.image_url.url}
+            if part.image_url.detail is not None:
+                image["detail"] = part.image_url.detail
+            out.append(image)
+        else:
+            out.append({"type": "input_text", "text": part.text})
+    return out
 
 
 def input_to_messages(inp: Any, where: str = "responses_create_params.input") -> list[ChatMessage]:
@@ -62,7 +122,11 @@ def input_to_messages(inp: Any, where: str = "responses_create_params.input") ->
             role = _ROLES.get(raw_role) if isinstance(raw_role, str) else None
             if role is None:
                 raise TaskError(f"{here}.role: unknown role {item.get('role')!r}")
-            out.append(ChatMessage(role=role, content=_text(item.get("content"), here)))
+            content = _content(item.get("content"), here)
+            if role != "user" and isinstance(content, tuple):
+                raise TaskError(f"{here}.content: an image in a {raw_role} message; only user messages may hold "
+                                "images")
+            out.append(ChatMessage(role=role, content=content))
         elif kind == "function_call":
             name, args = item.get("name"), item.get("arguments", "{}")
             if not isinstance(name, str) or not name:

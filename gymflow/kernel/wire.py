@@ -5,10 +5,13 @@ Everything here must stay small and serialisable; workflows import only this mod
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from gymflow.kernel.limits import MAX_IMAGE_URL_CHARS
 
 JSON = dict[str, Any]
 
@@ -28,18 +31,138 @@ class ToolCall(Wire):
     function: FunctionCall
 
 
+# Images come inline only: an http(s) URL would be fetched by whoever serves the model, at run time, from
+# wherever the row points (and could change between samples). These are the types the OpenAI chat API and vLLM
+# accept.
+IMAGE_MEDIA_TYPES = ("png", "jpeg", "gif", "webp")
+_DATA_URL = re.compile(r"data:image/([A-Za-z0-9.+-]+);base64,")
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+_EXPECTED_URL = f"expected a data:image/<{'|'.join(IMAGE_MEDIA_TYPES)}>;base64,... URL"
+
+
+def image_url_problem(url: Any) -> str | None:
+    """Why `url` is not an image gymflow accepts (None: it is one). Shared by the wire type and the row loaders,
+    which name the field."""
+    if not isinstance(url, str):
+        return f"{_EXPECTED_URL}, got {type(url).__name__}"
+    if len(url) > MAX_IMAGE_URL_CHARS:
+        return f"{len(url):,} characters; at most {MAX_IMAGE_URL_CHARS:,} (MAX_IMAGE_URL_CHARS)"
+    found = _DATA_URL.match(url)
+    if found is None:
+        if url[:8].lower().startswith(("http://", "https://")):
+            return f"{_EXPECTED_URL}: images are not downloaded at run time, embed the image instead"
+        return _EXPECTED_URL
+    if found.group(1) not in IMAGE_MEDIA_TYPES:
+        return f"unsupported media type image/{found.group(1)}; {_EXPECTED_URL}"
+    payload = url[found.end():]
+    if not payload or not _BASE64.fullmatch(payload):
+        return "the data URL's payload is not base64"
+    return None
+
+
+class ImageURL(Wire):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _inline(cls, url: str) -> str:
+        if problem := image_url_problem(url):
+            raise ValueError(problem)
+        return url
+
+
+class TextPart(Wire):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(Wire):
+    type: Literal["image_url"] = "image_url"
+    image_url: ImageURL
+
+
+def _part_kind(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return {"text": "text part", "image_url": "image part"}.get(kind) if isinstance(kind, str) else None
+
+
+def _content_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "plain string"
+    return "content parts" if isinstance(value, (list, tuple)) else None
+
+
+# Tagged unions: only the matching branch is tried, so an error names that branch's problem alone. The tags are no
+# identifiers, which is how validation_message (responses_format.py) leaves them out of the field path.
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("text part")] | Annotated[ImagePart, Tag("image part")],
+    Discriminator(_part_kind, custom_error_type="content_part",
+                  custom_error_message="expected a part of type 'text' or 'image_url'"),
+]
+# A plain string (every text-only message, exactly as before parts existed) or Chat Completions content parts.
+Content = Annotated[
+    Annotated[str, Tag("plain string")] | Annotated[tuple[ContentPart, ...], Tag("content parts")],
+    Discriminator(_content_kind, custom_error_type="content",
+                  custom_error_message="expected a string or a list of content parts"),
+] | None
+
+
+def content_text(content: Content) -> str | None:
+    """The text of a message's content: a string as it is, parts' text joined (images left out)."""
+    if content is None or isinstance(content, str):
+        return content
+    return "".join(p.text for p in content if isinstance(p, TextPart))
+
+
+def content_chars(content: Content) -> int:
+    """The characters a message's content stores, image URLs included (for size limits)."""
+    if content is None or isinstance(content, str):
+        return len(content or "")
+    return sum(len(p.text) if isinstance(p, TextPart) else len(p.image_url.url) for p in content)
+
+
+def content_json(content: Content) -> str | list[JSON] | None:
+    """Content as the chat API takes it: a string, or a list of parts (no null fields)."""
+    if content is None or isinstance(content, str):
+        return content
+    return [p.model_dump(exclude_none=True) for p in content]
+
+
 class ChatMessage(Wire):
     """One Chat Completions message."""
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = None
+    content: Content = None
     tool_calls: tuple[ToolCall, ...] | None = None
     tool_call_id: str | None = None
     name: str | None = None
     reasoning_content: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _some_parts(cls, content: Content) -> Content:
+        if isinstance(content, tuple) and not content:
+            raise ValueError("expected a string or at least one content part")
+        return content
+
+    @model_validator(mode="after")
+    def _images_from_users(self) -> ChatMessage:
+        # The chat API takes image parts in user messages only; any other role's would be refused mid-run.
+        if self.role != "user" and isinstance(self.content, tuple):
+            for i, part in enumerate(self.content):
+                if isinstance(part, ImagePart):
+                    raise ValueError(f"content[{i}]: an image part in a {self.role} message; only user messages "
+                                     "may hold images")
+        return self
+
+    @property
+    def text(self) -> str | None:
+        """The content's text (content_text): what token counts, renderers and verifiers read."""
+        return content_text(self.content)
+
     def to_openai(self) -> JSON:
-        out: JSON = {"role": self.role, "content": self.content}
+        out: JSON = {"role": self.role, "content": content_json(self.content)}
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         if self.tool_call_id is not None:

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gymflow.data.datasets import row_to_task
 from gymflow.data.prepare import atomic_output
 from gymflow.kernel.errors import GymflowError, TaskError
+from gymflow.kernel.responses_format import content_to_input
 from gymflow.kernel.wire import ChatMessage, SamplingParams, Task
 from gymflow.reports.stats import PASS_THRESHOLD, pass_at_k
 
@@ -201,11 +202,11 @@ def _input_items(m: ChatMessage) -> list[dict[str, Any]]:
     # The inverse of responses_format.input_to_messages for what it produces; anything else is caught by the
     # round-trip check in `rows_for_tasks`.
     if m.role == "tool":
-        return [{"type": "function_call_output", "call_id": m.tool_call_id, "output": m.content or ""}]
+        return [{"type": "function_call_output", "call_id": m.tool_call_id, "output": m.text or ""}]
     if m.role == "assistant" and m.tool_calls:
         return [{"type": "function_call", "call_id": c.id, "name": c.function.name, "arguments": c.function.arguments}
                 for c in m.tool_calls]
-    return [{"type": "message", "role": m.role, "content": m.content or ""}]
+    return [{"type": "message", "role": m.role, "content": content_to_input(m.content)}]
 
 
 def _loads_back(row: dict[str, Any], task: Task) -> bool:
