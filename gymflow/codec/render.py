@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gymflow.kernel.wire import shown_content
+
 CONTENT_CHARS = 2_000
 ARGUMENT_CHARS = 500
 TOOL_CALLS_SHOWN = 16
@@ -15,16 +17,6 @@ def cap(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}[... {len(text) - limit} more]"
-
-
-def _content(content: Any) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: the text ones, others by type
-        parts = [p.get("text", "") if isinstance(p, dict) and p.get("type") == "text"
-                 else f"[{p.get('type', 'part') if isinstance(p, dict) else 'part'}]" for p in content]
-        return "".join(str(p) for p in parts)
-    return str(content)
 
 
 def _tool_call(call: Any) -> dict[str, Any]:
@@ -40,7 +32,7 @@ def summarize(role: str, body: Any) -> dict[str, Any]:
     """The summary of one message (Chat Completions shape in `body`); never its state or token data."""
     body = body if isinstance(body, dict) else {}
     out: dict[str, Any] = {"role": role}
-    content = _content(body.get("content"))
+    content = shown_content(body.get("content"))
     if content is not None:
         out["content"] = cap(content, CONTENT_CHARS)
     if isinstance(body.get("reasoning_content"), str):

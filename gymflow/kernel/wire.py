@@ -129,6 +129,17 @@ def content_json(content: Content) -> str | list[JSON] | None:
     return [p.model_dump(exclude_none=True) for p in content]
 
 
+def shown_content(content: Any) -> str | None:
+    """A stored message's content (its JSON, as the store and exports hold it) as text for people: a string as it
+    is, parts as their text in order with `[image_url]` (the part's type) for each other part."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list | tuple):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) and p.get("type") == "text"
+                       else f"[{p.get('type', 'part') if isinstance(p, dict) else 'part'}]" for p in content)
+    return str(content)
+
+
 class ChatMessage(Wire):
     """One Chat Completions message."""
 

@@ -17,6 +17,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from gymflow.kernel.wire import shown_content
 from gymflow.reports.data import Linker, RunData
 from gymflow.reports.stats import Comparison, PassAtK, pass_at_k_curve
 
@@ -155,6 +156,8 @@ DETAILS_LIMIT = 1500
 def _content_text(content: Any) -> str:
     if content is None:
         return ""
+    if isinstance(content, list):  # content parts: their text, an image as its type (not its base64)
+        return shown_content(content) or ""
     return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
