@@ -1,6 +1,6 @@
-"""nemo_gym against the real thing: NeMo Gym 0.7.0's weather, string-match and math resources servers, started as
-NeMo Gym starts them, score NeMo Gym's recorded rollouts through the adapter (tool calls included) exactly as
-recorded and exactly as the same server's /verify scores them when driven directly.
+"""nemo_gym against the real thing: NeMo Gym 0.7.0's weather, string-match, math and circle-count (an image prompt)
+resources servers, started as NeMo Gym starts them, score NeMo Gym's recorded rollouts through the adapter (tool
+calls included) exactly as recorded and exactly as the same server's /verify scores them when driven directly.
 
 NeMo Gym needs Python >= 3.13. Point GYMFLOW_NEMO_GYM_PYTHON at a python with `nemo-gym==0.7.0` and
 `math-verify==0.8.0` installed (default: .nemo313/bin/python in the repository, which .ci/run creates); without
@@ -39,6 +39,8 @@ SERVERS: dict[str, dict[str, Any]] = {
     "math_with_judge": {"domain": "math", "should_use_judge": False, "judge_responses_create_params": {"input": []},
                         "judge_model_server": {"type": "responses_api_models", "name": "judge"},
                         "library_verifier_timeout_seconds": 60},
+    # Image prompts (input_image parts): the adapter must send the row's input back as recorded.
+    "circle_count": {"domain": "other"},
 }
 START_TIMEOUT_S = 120
 WRONG = "I am not sure.\nNo answer."  # a replacement final answer no verifier here accepts
@@ -134,6 +136,7 @@ def _all_cases() -> list[Any]:
                "math_with_judge": SHARED / "math_with_judge"}
     if SERVERS_DIR is not None:
         folders["string_match"] = SERVERS_DIR / "string_match" / "data"  # the server's own examples, from the wheel
+        folders["circle_count"] = SERVERS_DIR / "circle_count" / "data"
     return [pytest.param(server, i, task, rollout, id=f"{server}-{i}")
             for server, folder in folders.items() for i, (task, rollout) in enumerate(_cases(server, folder))]
 
@@ -144,6 +147,13 @@ def _with_final_answer(response: dict[str, Any], text: str) -> dict[str, Any]:
     last = next(o for o in reversed(output) if o.get("type") == "message")
     last["content"] = [{"type": "output_text", "text": text, "annotations": []}]
     return {**response, "output": output}
+
+
+def _right_answer(task: dict[str, Any]) -> str:
+    """A final answer the row's verifier accepts: its expected answer, or for circle_count the circles counted."""
+    if "expected_answer" in task:
+        return f"\\boxed{{{task['expected_answer']}}}"
+    return f"\\boxed{{{sum(c['color'] == task['target_color'] for c in task['circles'])}}}"
 
 
 async def _direct(url: str, task: dict[str, Any], response: dict[str, Any]) -> float:
@@ -212,7 +222,7 @@ async def test_a_changed_answer_scores_as_the_server_scores_it(servers: dict[str
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(url_env_var(server), servers[server])
     got = []
-    for text in (WRONG, f"\\boxed{{{task['expected_answer']}}}"):
+    for text in (WRONG, _right_answer(task)):
         changed = _with_final_answer(rollout["response"], text)
         for _ in range(SLOW_SYMPY_TRIES):
             direct = await _direct(servers[server], task, changed)
