@@ -29,6 +29,7 @@ from gymflow.kernel.wire import (
     shown_content,
 )
 from gymflow.localmodel.request import BadRequest, parse_request
+from gymflow.reports.profile import _loads_back, task_to_row
 
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n tiny").decode()
 IMAGE = {"type": "input_image", "image_url": PNG, "detail": "auto"}
@@ -174,6 +175,16 @@ def test_bad_input_parts_name_their_field(part: Any, where: str, problem: str) -
     message = _error(_user(part))
     assert message.startswith(f"responses_create_params.input[1].content[0]{where}: "), message
     assert problem in message
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.5}])
+def test_a_task_with_an_image_writes_a_row_that_loads_back_as_it(sampling: dict[str, Any]) -> None:
+    # gymflow profile --out-tasks: a chat `messages` row, or a Responses row when the task has sampling settings
+    params = {"input": _user(IMAGE, {"type": "input_text", "text": "How many?"}), **sampling}
+    task = row_to_task({"id": "t1", "env": "nemo_gym", "responses_create_params": params}, env=None, default_id="t")
+    row = task_to_row(task)
+    assert ("responses_create_params" in row) == bool(sampling)
+    assert _loads_back(json.loads(json.dumps(row)), task)
 
 
 def test_an_image_outside_a_user_message_is_refused() -> None:

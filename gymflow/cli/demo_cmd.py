@@ -27,6 +27,7 @@ from gymflow.cli.demo_models import LOCAL_MAX_TOKENS, Policy, generated_config, 
 from gymflow.cli.progress import Tally
 from gymflow.embedded import embedded_pools, wait_for_pools
 from gymflow.kernel.config import ModelConfig, Settings
+from gymflow.kernel.wire import shown_content
 
 EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared/data/nemo_gym/example_single_tool_call/example.jsonl"
 # Transcripts in the demo's output are a glance: each message cut to this many characters and lines
@@ -100,6 +101,8 @@ def _abbreviate(text: str, chars: int, lines: int = MESSAGE_LINES) -> str:
 def _content(content: Any) -> str:
     if content is None:
         return ""
+    if isinstance(content, list):  # content parts: their text, an image as its type (not its base64)
+        return shown_content(content) or ""
     return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
