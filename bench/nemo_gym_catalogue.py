@@ -228,12 +228,12 @@ def _input_row(joined: dict[str, Any], recorded: dict[str, Any], task: dict[str,
 
 
 def _turn_limit(row: dict[str, Any]) -> dict[str, Any]:
-    """`max_turns` for a recording that ends on a tool call: NeMo Gym's agent stopped there (a single-step agent,
-    its max_steps), which it keeps in its config, not the row; the replay stops there too, not asking for a turn
-    the recording does not have (recording_exhausted)."""
+    """`max_turns` for a recording that ends on a tool call or its output (circle_click): NeMo Gym's agent stopped
+    there (a single-step agent, its max_steps), which it keeps in its config, not the row; the replay stops there
+    too, not asking for a turn the recording does not have (recording_exhausted)."""
     output = [o for o in (row.get("response") or {}).get("output") or [] if isinstance(o, dict)]
     last = next((o for o in reversed(output) if o.get("type") != "reasoning"), None)
-    if last is None or last.get("type") != "function_call" or "max_turns" in row:
+    if last is None or last.get("type") not in ("function_call", "function_call_output") or "max_turns" in row:
         return {}
     return {"max_turns": len(split_turns(output))}
 
@@ -636,19 +636,18 @@ EXPLAINED |= {
 for _name in ("blackjack", "example_multi_turn_gymnasium", "indian_banking", "openair_congestion", "wordle"):
     EXPLAINED[_name] = ("another agent's protocol: NeMo Gym drives it with its gymnasium_agent (/reset, /step; no "
                         "/seed_session: 404), which gymflow's nemo_gym adapter does not speak (a gymflow gap)")
-_IMAGE_PROMPT = ("gymflow gap (image prompts): the prompt carries an image (`input_image` content part); gymflow's "
-                 "dataset loader takes text parts only (`responses_create_params.input[i].content[0]: expected a "
-                 "text part`), so the rows do not load")
+# Image prompts (`input_image` parts) load as Chat Completions image parts and go back to /verify as recorded.
 for _name in ("circle_click", "circle_count", "gui_coordinate"):
-    EXPLAINED[_name] = _IMAGE_PROMPT
+    EXPLAINED[_name] = "image prompts (`input_image` parts), sent back to /verify as recorded"
 # What the table shows, in short (written from the results; keep it true when they change).
 FINDINGS = [
     "What it shows:",
     "",
-    "- Every disagreement is a gymflow gap or choice, none a wrong score: image prompts (circle_click, "
-    "circle_count, gui_coordinate: gymflow's dataset loader takes text parts only), tools offered over MCP "
+    "- Every disagreement is a gymflow gap or choice, none a wrong score: tools offered over MCP "
     "(example_mcp_weather: gymflow offers a model only the row's tools), and rewards outside [0, 1] "
-    "(example_tool_call_multireward 2.0, generative_reward_model -1: gymflow masks them by design).",
+    "(example_tool_call_multireward 2.0, generative_reward_model -1: gymflow masks them by design). Image prompts "
+    "(circle_click, circle_count, gui_coordinate: `input_image` parts) were a gap until gymflow's loader took "
+    "image parts; they agree on every row.",
     "- Adapter bugs this bench found, fixed with tests: a replayed rollout row sent its recorded outcome "
     "(`reward`, `judge_evaluations`, ...) back to /verify, which servers that build their reply as "
     "`Reply(**body.model_dump(), reward=r)` answered with HTTP 500 (equivalence_llm_judge; "
@@ -673,8 +672,8 @@ FINDINGS = [
     "repeated sample as the task's next one and gives a reused id its own (`<id>-line<N>`), and both agree.",
     "- Reproducible: a second full run (17 minutes on this 2-core machine) gave the same verdict, the same NeMo Gym "
     "reward and the same gymflow reward on every row of every server.",
-    "- The bench replays a recording that ends on a tool call (a single-step agent) with that many turns, as NeMo "
-    "Gym's agent stopped there (single_step_tool_use_with_argument_comparison row 1).",
+    "- The bench replays a recording that ends on a tool call or its output (a single-step agent) with that many "
+    "turns, as NeMo Gym's agent stopped there (single_step_tool_use_with_argument_comparison row 1, circle_click).",
 ]
 # Servers whose own requirements.txt the measured venv holds (`--install`, or `gymflow env nemo-gym-install` on
 # them): every server whose packages come from the index and are light (no torch, no browser download), and whose
