@@ -11,16 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gymflow.activities.completion import request_body
 from gymflow.environments.nemo_gym import NemoGymEnvironment
 from gymflow.environments.nemo_gym_responses import create_params
 from pydantic import ValidationError
 
 from gymflow.data.datasets import load_jsonl, row_to_task
+from gymflow.kernel.config import ModelConfig
 from gymflow.kernel.errors import TaskError
 from gymflow.kernel.limits import MAX_IMAGE_URL_CHARS
 from gymflow.kernel.responses_format import content_to_input, input_to_messages, validation_message
 from gymflow.kernel.wire import (
     ChatMessage,
+    GenerateRequest,
     ImagePart,
     ImageURL,
     TextPart,
@@ -128,6 +131,16 @@ def test_only_user_messages_hold_images(role: str) -> None:
         ChatMessage.model_validate({"role": role, "content": [{"type": "image_url", "image_url": {"url": PNG}}]})
     # text parts are fine in any role
     assert ChatMessage.model_validate({"role": role, "content": [{"type": "text", "text": "x"}]}).text == "x"
+
+
+def test_the_model_call_sends_the_parts_as_the_chat_api_takes_them() -> None:
+    messages = tuple(input_to_messages(_user(IMAGE, {"type": "input_text", "text": "How many?"})))
+    body = request_body(ModelConfig(base_url="http://127.0.0.1:9/v1", model="m"),
+                        GenerateRequest(rollout_id="r/t/0", turn=0, model="m", messages=messages))
+    assert json.loads(json.dumps(body["messages"])) == [
+        {"role": "system", "content": "Look."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG, "detail": "auto"}},
+                                     {"type": "text", "text": "How many?"}]}]
 
 
 def test_the_local_model_refuses_image_parts_with_a_400() -> None:
