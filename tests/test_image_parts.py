@@ -26,6 +26,7 @@ from gymflow.kernel.wire import (
     GenerateRequest,
     ImagePart,
     ImageURL,
+    Task,
     TextPart,
     content_chars,
     image_url_problem,
@@ -33,6 +34,9 @@ from gymflow.kernel.wire import (
 )
 from gymflow.localmodel.request import BadRequest, parse_request
 from gymflow.reports.profile import _loads_back, task_to_row
+from gymflow.testing.scripted_openai import text, tool_call
+from tests.faulty_env import ending_env  # noqa: F401 - a fixture
+from tests.test_episode_end import replays
 
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n tiny").decode()
 IMAGE = {"type": "input_image", "image_url": PNG, "detail": "auto"}
@@ -242,3 +246,22 @@ def test_the_image_servers_rows_load_and_rebuild_as_recorded(server: str, name: 
         # What /verify gets is the row's input (the message items gain their `type`, as before images).
         assert [{k: v for k, v in item.items() if k != "type"} for item in sent] == \
             [{k: v for k, v in item.items() if k != "type"} for item in want]
+
+
+# ---- through the real stack -------------------------------------------------------------------------------------
+
+
+async def test_an_image_prompt_reaches_the_model_as_parts_and_is_stored_as_them(gf, ending_env, scripted, sql,  # noqa: F811
+                                                                                 run_id):
+    messages = input_to_messages(_user(IMAGE, {"type": "input_text", "text": "finish the task"}))
+    task = Task(id="img0", env=ending_env, messages=tuple(messages))
+    scripted.script(tool_call("submit", {"text": "42"}), text("never"))
+    inp = gf.make_input(run_id, task, 0, "policy")
+    summary = await gf.run_rollout(inp)
+    assert summary.status == "completed" and summary.reward == 1.0, summary
+    sent = scripted.requests[0].body["messages"]
+    assert sent[1]["content"] == [{"type": "image_url", "image_url": {"url": PNG, "detail": "auto"}},
+                                  {"type": "text", "text": "finish the task"}]
+    (transcript,), = sql("SELECT transcript FROM rollouts WHERE id = %s", inp.rollout_id)
+    assert ChatMessage.model_validate(transcript[1]) == messages[1]
+    await replays(gf, inp.rollout_id)  # the workflow's history, image and all, replays
