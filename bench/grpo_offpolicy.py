@@ -4,10 +4,10 @@
 
 Runs the example twice, one after the other (never side by side: they would share the CPU): `--off-policy 0
 --ppo-epochs 1` (each step's rollouts from the current weights; the collection waits for the update) and
-`--off-policy 1 --ppo-epochs E` (the next step's rollouts collected during the update, kept across the weight
-change under staleness policy `continue`, E clipped epochs against their behaviour logprobs). Prints, per run,
-steps per minute, mean reward over the last three steps, clip fraction and discarded work, and plots reward per
-step and per wall-clock second (docs/img/grpo_offpolicy.png).
+`--off-policy 1 --ppo-epochs E` for each E in --epochs (the next step's rollouts collected during the update, kept
+across the weight change under staleness policy `continue`, E clipped epochs against their behaviour logprobs).
+Prints, per run, steps per minute, mean reward over the last three steps, clip fraction and discarded work, and
+plots reward per step and per wall-clock second (docs/img/grpo_offpolicy.png).
 """
 
 from __future__ import annotations
@@ -77,14 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=6)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--epochs", type=int, default=2, help="PPO epochs of the off-policy run")
+    ap.add_argument("--epochs", default="2", help="PPO epochs of the off-policy runs: one run per value (e.g. 1,2)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "grpo-offpolicy"))
     ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "grpo_offpolicy.png"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     args = ap.parse_args(argv)
-    curves = {"K=0 (on-policy, 1 epoch)": run("k0", ["--off-policy", "0", "--ppo-epochs", "1"], args),
-              f"K=1 (continue, {args.epochs} epochs)": run("k1", ["--off-policy", "1", "--ppo-epochs",
-                                                                  str(args.epochs)], args)}
+    curves = {"K=0 (on-policy, 1 epoch)": run("k0", ["--off-policy", "0", "--ppo-epochs", "1"], args)}
+    for epochs in (int(e) for e in args.epochs.split(",")):
+        name = f"K=1 (continue, {epochs} epoch{'s' if epochs > 1 else ''})"
+        curves[name] = run(f"k1e{epochs}", ["--off-policy", "1", "--ppo-epochs", str(epochs)], args)
     rows = [summary(name, c) for name, c in curves.items()]
     plot(curves, Path(args.plot))
     print(json.dumps(rows, indent=1))
