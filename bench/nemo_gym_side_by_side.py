@@ -46,11 +46,10 @@ from bench.stack import DEFAULT_PLACEMENT, start_stack
 from bench.workloads import SHARED, run_meta, save_and_print
 
 ROOT = Path(__file__).resolve().parents[1]
-NEMO_PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or "/work/nemo313/bin/python"
-ROWS = SHARED / "example_single_tool_call" / "example.jsonl"
-AGENT = "example_single_tool_call_simple_agent"
-SERVER_DIRS = ("resources_servers/example_single_tool_call", "responses_api_agents/simple_agent",
-               "responses_api_models/vllm_model", "environment_servers/legacy_agent")
+NEMO_PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or str(ROOT / ".nemo313" / "bin" / "python")
+TOOL_SERVER = "example_single_tool_call"  # its rows are in ../shared/data; any other server's from NeMo Gym's wheel
+SERVER_DIRS = ("responses_api_agents/simple_agent", "responses_api_models/vllm_model",
+               "environment_servers/legacy_agent")
 HEAD_PORT = 11000  # NeMo Gym's default head server port; `gym eval run --no-serve` finds the servers there
 WARMUP = 40
 START_TIMEOUT_S = 240
@@ -59,19 +58,44 @@ START_TIMEOUT_S = 240
 # ---- gymflow --------------------------------------------------------------------------------------------------
 
 
-async def gymflow_run(n: int, in_flight: int, generate: str, workflow_procs: int, direct: bool = False
-                      ) -> dict[str, Any]:
+def rows_file(server: str, python: str) -> Path:
+    if server == TOOL_SERVER:
+        return SHARED / TOOL_SERVER / "example.jsonl"
+    return _nemo_layout(python)[0] / "resources_servers" / server / "data" / "example.jsonl"
+
+
+def adapter_tasks(server: str, python: str) -> Any:
+    """`(n, tag) -> tasks`: the server's rows in gymflow's `nemo_gym` environment, which runs NeMo Gym's own
+    server code for them (the managed server: one per env-pool process)."""
+    from gymflow.data.datasets import load_jsonl
+
+    base, errors = load_jsonl(rows_file(server, python), env="nemo_gym")
+    if errors or not base:
+        raise SystemExit(f"{server}: its rows do not load ({errors[:1]})")
+
+    def make(n: int, tag: str) -> list[Any]:
+        return [base[i % len(base)].model_copy(update={
+            "id": f"{tag}-{i}", "data": {**base[i % len(base)].data, "resources_server": server}})
+            for i in range(n)]
+    return make
+
+
+async def gymflow_run(n: int, in_flight: int, generate: str, workflow_procs: int, direct: bool = False,
+                      adapter: str | None = None, python: str = NEMO_PYTHON) -> dict[str, Any]:
     """`direct`: the rows in bench/hostile_env.py's single_tool_direct (steps in the worker's loop, no supervised
-    process): the baseline of what isolation costs. The pools register it either way, so both stacks match."""
+    process): the baseline of what isolation costs. The pools register it either way, so both stacks match.
+    `adapter`: the rows of this NeMo Gym server through the `nemo_gym` environment instead of a native one."""
     hostile_env.install()
+    pool_env = {"GYMFLOW_NEMO_GYM_PYTHON": python} if adapter else None
     bench = await start_stack(slow_latency_s=1.0, concurrency=in_flight + 8, generate=generate,
-                              workflow_procs=workflow_procs, install="bench.hostile_env:install")
+                              workflow_procs=workflow_procs, install="bench.hostile_env:install", pool_env=pool_env)
     try:
         got = await runs.workload(bench, "single_tool", n=n, in_flight=in_flight,
-                                  env=hostile_env.DIRECT if direct else None)
+                                  env=hostile_env.DIRECT if direct else None,
+                                  tasks_of=adapter_tasks(adapter, python) if adapter else None)
     finally:
         await bench.close()
-    return got | {"system": "gymflow", "workflow_procs": workflow_procs, "direct": direct}
+    return got | {"system": "gymflow", "workflow_procs": workflow_procs, "direct": direct, "adapter": adapter}
 
 
 # ---- NeMo Gym -------------------------------------------------------------------------------------------------
@@ -86,16 +110,16 @@ def _nemo_layout(python: str) -> tuple[Path, Path]:
     return Path(site), Path(prefix)
 
 
-def _venv_links(root: Path, prefix: Path) -> None:
-    for d in SERVER_DIRS:
+def _venv_links(root: Path, prefix: Path, dirs: tuple[str, ...]) -> None:
+    for d in dirs:
         (root / d).mkdir(parents=True, exist_ok=True)
         link = root / d / ".venv"
         if not link.exists():
             link.symlink_to(prefix)
 
 
-def _rows(path: Path, n: int) -> None:
-    base = [line for line in ROWS.read_text().splitlines() if line.strip()]
+def _rows(path: Path, n: int, source: Path) -> None:
+    base = [line for line in source.read_text().splitlines() if line.strip()]
     path.write_text("".join(base[i % len(base)] + "\n" for i in range(n)))
 
 
@@ -158,12 +182,12 @@ def _label(cmd: list[str], cwd: str) -> str:
 class NemoGym:
     """`gym env start` and the mock, for one measured collection."""
 
-    def __init__(self, python: str, work: Path) -> None:
-        self.python, self.work = python, work
+    def __init__(self, python: str, work: Path, server: str = TOOL_SERVER) -> None:
+        self.python, self.work, self.server = python, work, server
         self.gym = str(Path(python).parent / "gym")
         self.site, prefix = _nemo_layout(python)
         self.venvs = work / "venvs"
-        _venv_links(self.venvs, prefix)
+        _venv_links(self.venvs, prefix, (*SERVER_DIRS, f"resources_servers/{server}"))
         self.mock_port = free_port()
         self.mock = subprocess.Popen([sys.executable, "-m", "gymflow.testing.mock_openai", "--port",
                                       str(self.mock_port), "--latency", "0"], stdout=subprocess.DEVNULL)
@@ -175,7 +199,7 @@ class NemoGym:
         if _listening(HEAD_PORT):
             raise SystemExit(f"port {HEAD_PORT} (NeMo Gym's head server) is taken: stop the other NeMo Gym first")
         self.env = subprocess.Popen(
-            [self.gym, "env", "start", "--resources-server", "example_single_tool_call", "--model-type", "vllm_model",
+            [self.gym, "env", "start", "--resources-server", self.server, "--model-type", "vllm_model",
              "--model", "mock", "--model-url", f"http://127.0.0.1:{self.mock_port}/v1", "--model-api-key", "dummy",
              "++skip_venv_if_present=true", f"++uv_venv_dir={self.venvs}"],
             cwd=self.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -191,10 +215,11 @@ class NemoGym:
     def collect(self, n: int, in_flight: int, tag: str) -> dict[str, Any]:
         assert self.env is not None
         rows, out = self.work / f"{tag}.jsonl", self.work / f"{tag}-rollouts.jsonl"
-        _rows(rows, n)
+        _rows(rows, n, rows_file(self.server, self.python))
         reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
         env_before, launched = _proc_cpu(self.env.pid), time.monotonic()
-        proc = subprocess.Popen([self.gym, "eval", "run", "--no-serve", "--agent", AGENT, "--input", str(rows),
+        proc = subprocess.Popen([self.gym, "eval", "run", "--no-serve", "--agent", f"{self.server}_simple_agent",
+                                 "--input", str(rows),
                                  "--output", str(out), "--concurrency", str(in_flight)],
                                 cwd=self.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -266,9 +291,9 @@ def _listening(port: int) -> bool:
     return True
 
 
-def nemo_run(python: str, n: int, in_flight: int) -> dict[str, Any]:
+def nemo_run(python: str, n: int, in_flight: int, server: str = TOOL_SERVER) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="nemo-gym-bench-"))
-    gym = NemoGym(python, work)
+    gym = NemoGym(python, work, server)
     try:
         gym.start()
         gym.collect(WARMUP, WARMUP, "warmup")
@@ -293,6 +318,7 @@ def table(results: list[dict[str, Any]]) -> str:
         if r["system"] == "gymflow":
             name = f"gymflow (`placement: {r['generate']}`, {r['workflow_procs']} workflow-pool process" \
                    f"{'es' if r['workflow_procs'] > 1 else ''}" \
+                   f"{'; through the nemo_gym adapter' if r.get('adapter') else ''}" \
                    f"{'; steps in the loop, no isolation: `single_tool_direct`' if r.get('direct') else ''})"
             lat = f"{_f(r['p50_latency_s'], 2)} / {_f(r['p95_latency_s'], 2)}"
             st = ", ".join(f"{k} {v}" for k, v in r["statuses"].items())
@@ -339,8 +365,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", choices=("gymflow", "nemo"), help="one side only")
     ap.add_argument("--with-direct", action="store_true",
                     help="each pair also runs gymflow with the steps in the worker's loop (what isolation costs)")
+    ap.add_argument("--server", default=TOOL_SERVER,
+                    help="the NeMo Gym resources server both sides run (e.g. mcqa: no tool; its example.jsonl rows)")
+    ap.add_argument("--via-adapter", action="store_true",
+                    help="gymflow runs the rows through its nemo_gym adapter (NeMo Gym's own server code, managed by "
+                         "gymflow) instead of its native environment (required for servers other than "
+                         f"{TOOL_SERVER})")
     ap.add_argument("--json", type=Path, help="results file (default bench/results/<time>-side-by-side.json)")
     args = ap.parse_args(argv)
+    if args.server != TOOL_SERVER and not args.via_adapter and args.only != "nemo":
+        ap.error(f"gymflow has no native environment for {args.server}: add --via-adapter")
+    adapter = args.server if args.via_adapter else None
     if not Path(args.nemo_python).exists() and args.only != "gymflow":
         raise SystemExit(f"no NeMo Gym python at {args.nemo_python}: ~/.pyenv/versions/3.13.0/bin/python -m venv "
                          "/work/nemo313 && /work/nemo313/bin/pip install --ignore-requires-python nemo-gym==0.7.0")
@@ -352,8 +387,8 @@ def main(argv: list[str] | None = None) -> None:
     for pair in range(1, args.pairs + 1):
         if args.only != "nemo":
             print(f"pair {pair}: gymflow, {args.n} rollouts, {args.in_flight} in flight", file=sys.stderr, flush=True)
-            results.append(asyncio.run(gymflow_run(args.n, args.in_flight, args.generate, args.workflow_procs))
-                           | {"pair": pair})
+            results.append(asyncio.run(gymflow_run(args.n, args.in_flight, args.generate, args.workflow_procs,
+                                                   adapter=adapter, python=args.nemo_python)) | {"pair": pair})
             if args.with_direct:
                 print(f"pair {pair}: gymflow, steps in the loop", file=sys.stderr, flush=True)
                 results.append(asyncio.run(gymflow_run(args.n, args.in_flight, args.generate, args.workflow_procs,
@@ -361,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.only != "gymflow":
             print(f"pair {pair}: NeMo Gym, {args.n} rollouts, {args.in_flight} in flight", file=sys.stderr,
                   flush=True)
-            results.append(nemo_run(args.nemo_python, args.n, args.in_flight) | {"pair": pair})
+            results.append(nemo_run(args.nemo_python, args.n, args.in_flight, args.server) | {"pair": pair})
     out = args.json or ROOT / "bench" / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-side-by-side.json"
     save_and_print(out, meta, results, table(results))
 

@@ -7,6 +7,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,6 +25,7 @@ from bench.workloads import (
 )
 from gymflow.client import GymflowClient
 from gymflow.kernel.store.db import make_engine
+from gymflow.kernel.wire import Task
 
 WARMUP = 40
 
@@ -45,20 +47,22 @@ async def _client(bench: BenchStack) -> GymflowClient:
     return GymflowClient(bench.client.temporal, bench.settings, bench.database_url)
 
 
-async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, env: str | None = None
-                   ) -> dict[str, Any]:
+async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, env: str | None = None,
+                   tasks_of: Callable[[int, str], list[Task]] | None = None) -> dict[str, Any]:
     """Rate, CPU per process, latency, transitions, history bytes and peak memory for `n` rollouts, after an
     unmeasured warm-up (WARMUP rollouts of the workload): one-off costs such as spawning the math checker
     processes or opening connection pools are paid once per worker process, not per rollout. `env`: run the
-    workload's rows in this environment instead (bench/hostile_env.py's single_tool_direct)."""
+    workload's rows in this environment instead (bench/hostile_env.py's single_tool_direct). `tasks_of(n, tag)`:
+    other rows instead of the workload's (bench/nemo_gym_side_by_side.py's adapter rows)."""
+    make = tasks_of or (lambda k, tag: tasks_for(name, k, tag, env))
     client = await _client(bench)
     run_id = _tag(name)
     try:
         warm = _tag(f"{name}-warmup")
-        await collect(bench, client, tasks_for(name, WARMUP, warm, env), run_id=warm, model=FAST,
+        await collect(bench, client, make(WARMUP, warm), run_id=warm, model=FAST,
                       in_flight=WARMUP)
         bench.sampler.reset_peaks()
-        got = await collect(bench, client, tasks_for(name, n, run_id, env), run_id=run_id, model=FAST,
+        got = await collect(bench, client, make(n, run_id), run_id=run_id, model=FAST,
                             in_flight=in_flight, on_done=_progress(name, n))
         peak = {k: v / 2**20 for k, v in bench.sampler.peak.items()}
         out = summarise(got) | {"workload": name, "env": env, "generate": bench.generate, "in_flight": in_flight,
@@ -67,7 +71,7 @@ async def workload(bench: BenchStack, name: str, *, n: int, in_flight: int, env:
                                 "peak_rss_mib": peak}
     finally:
         await client.close()
-    if bench.correct_fraction is not None and env is None:
+    if bench.correct_fraction is not None and env is None and tasks_of is None:
         out |= check_reward(name, got, bench.correct_fraction, bench.seed)  # SystemExit on a mismatch
     return out
 
