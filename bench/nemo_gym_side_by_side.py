@@ -69,14 +69,15 @@ def adapter_tasks(server: str, python: str) -> Any:
     server code for them (the managed server: one per env-pool process)."""
     from gymflow.data.datasets import load_jsonl
 
-    base, errors = load_jsonl(rows_file(server, python), env="nemo_gym")
+    rows = [json.loads(line) for line in rows_file(server, python).read_text().splitlines() if line.strip()]
+    named = Path(tempfile.mkdtemp(prefix="adapter-rows-")) / f"{server}.jsonl"
+    named.write_text("".join(json.dumps({**row, "resources_server": server}) + "\n" for row in rows))
+    base, errors = load_jsonl(named, env="nemo_gym")
     if errors or not base:
         raise SystemExit(f"{server}: its rows do not load ({errors[:1]})")
 
     def make(n: int, tag: str) -> list[Any]:
-        return [base[i % len(base)].model_copy(update={
-            "id": f"{tag}-{i}", "data": {**base[i % len(base)].data, "resources_server": server}})
-            for i in range(n)]
+        return [base[i % len(base)].model_copy(update={"id": f"{tag}-{i}"}) for i in range(n)]
     return make
 
 

@@ -252,7 +252,7 @@ async def _reply_only_fields(url: str, timeout: float) -> frozenset[str]:
     if url in _REPLY_ONLY:
         return _REPLY_ONLY[url]
     try:
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=http.tls_context()) as client:
             spec = (await client.get(f"{url}/openapi.json")).json()
         post = spec["paths"]["/verify"]["post"]
         models = spec["components"]["schemas"]
