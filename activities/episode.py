@@ -53,6 +53,7 @@ from gymflow.kernel.episode_wire import (
 )
 from gymflow.kernel.errors import GymflowError, TaskError
 from gymflow.kernel.failures import (
+    ENVIRONMENT_ERROR,
     REPLY_TOO_LARGE,
     TOO_MANY_TOOL_CALLS,
     TRANSCRIPT_TOO_LARGE,
@@ -260,6 +261,9 @@ class EpisodeActivities:
         with boundary("environment", f"{task.env} setup"):
             env = get_environment(task.env)
             initial, state, tools = await setup_episode(env, task, self._processes, self._env_options.get(task.env))
+            if _responds(env, task):  # its first observation (I/O in the loop: only in-loop environments respond)
+                opening, state = await heartbeating(env.open_episode(env.parse_task(task), dict(state)))
+                initial = [*initial, *opening]
         if not initial:
             raise TaskError("the task has no prompt messages")
         new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
@@ -299,7 +303,7 @@ class EpisodeActivities:
                 gen = await self._generate(req)
             stored["generated"] = gen.model_dump(mode="json")
             ran = None
-            if gen.tool_calls:
+            if gen.tool_calls or gen.responds:
                 with boundary():
                     ran = await self._run_tools(req.model_copy(update={"head_id": gen.head_id}), TOOLS_PART)
                 stored["ran"] = ran.model_dump(mode="json")
@@ -362,6 +366,8 @@ class EpisodeActivities:
             tokens = token_data(resp, choice, ids=cfg.return_token_ids, logprobs=cfg.logprobs)
             metrics.generation_done(req.model, time.monotonic() - started, usage)
         message = self._checked_reply(req, message, finish, tokens)
+        if not message.tool_calls and _responds(get_environment(task.env), task):
+            tokens = {**tokens, "responds": True}  # stored with the reply: a retry finds it (`_generated`)
         finish = self._redactor.text(finish) if finish else finish
         meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
                 "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,
@@ -372,10 +378,11 @@ class EpisodeActivities:
         ids, earlier = await self._append(req.rollout_id, chain, reply)
         if earlier:  # another attempt stored its reply first: that one is the episode's
             return _generated(earlier[-1], attempt)
-        if not message.tool_calls and not info.is_local:  # the last generation; finish runs elsewhere
+        responds = bool(tokens.get("responds"))
+        if not message.tool_calls and not responds and not info.is_local:  # the last generation
             self._chains.drop(req.rollout_id)
         return Generated(head_id=ids[-1], tool_calls=len(message.tool_calls or ()), finish_reason=finish,
-                         usage=usage, attempt=attempt)
+                         usage=usage, attempt=attempt, responds=responds)
 
     def _checked_reply(self, req: TurnRequest, message: ChatMessage, finish: str | None = None,
                        tokens: dict[str, Any] | None = None) -> ChatMessage:
@@ -422,6 +429,8 @@ class EpisodeActivities:
         calls = ChatMessage.model_validate(chain[-1].body).tool_calls or ()
         env = get_environment(task.env)
         state = copy.deepcopy(latest_state(chain))  # tools may change it in place: never the cached one
+        if not calls and _responds(env, task):
+            return await self._respond(req, env, task, chain, state, part)
         new: list[NewMessage] = []
         ended_by: str | None = None
         max_state = _max_state_bytes(self._env_options.get(task.env))
@@ -454,6 +463,23 @@ class EpisodeActivities:
         if earlier:  # an earlier attempt's tool messages are the episode's
             return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
         return _tools_ran(ids[-1], [m.tokens or {} for m in new])
+
+    async def _respond(self, req: TurnRequest, env: Environment, task: Task, chain: list[StoredMessage],
+                       state: dict[str, Any], part: str) -> ToolsRan:
+        """The environment's answer to a turn without tool calls (Environment.respond): one user message, which
+        carries the state; `done` on it ends the episode."""
+        with boundary("environment", f"{task.env} respond"):
+            out = await heartbeating(env.respond(env.parse_task(task), state, _chat(chain)))
+        if (size := state_size(out.state)) > (max_state := _max_state_bytes(self._env_options.get(task.env))):
+            raise GymflowError(f"{task.env} respond: the episode state would hold {size} bytes, over its limit of "
+                               f"{max_state}", failure_type=ENVIRONMENT_ERROR)
+        new = [NewMessage(role="user", body=self._redactor.body({"role": "user", "content": out.content}),
+                          state=dict(out.state), tokens={"responded": True, **({"done": True} if out.done else {})})]
+        _check_episode_size(req, chain, new)
+        ids, earlier = await self._append(req.rollout_id, chain, new, part=part)
+        if earlier:  # an earlier attempt's answer is the episode's
+            return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
+        return ToolsRan(head_id=ids[-1], calls=0, done=out.done)
 
     async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall
                         ) -> tuple[ChatMessage, dict[str, Any], bool, bool]:
@@ -522,7 +548,7 @@ def _max_state_bytes(options: dict[str, Any] | None) -> int:
 
 def _tools_ran(head_id: int, metas: list[dict[str, Any]]) -> ToolsRan:
     """From the tool messages' metadata, so a retry whose first attempt stored them answers the same."""
-    return ToolsRan(head_id=head_id, calls=sum(not m.get("not_run") for m in metas),
+    return ToolsRan(head_id=head_id, calls=sum(not m.get("not_run") and not m.get("responded") for m in metas),
                     errors=sum(bool(m.get("is_error")) for m in metas), done=any(m.get("done") for m in metas))
 
 
@@ -530,4 +556,13 @@ def _generated(message: StoredMessage, attempt: int) -> Generated:
     meta = message.tokens or {}
     calls = ChatMessage.model_validate(message.body).tool_calls or ()
     return Generated(head_id=message.id, tool_calls=len(calls), finish_reason=meta.get("finish_reason"),
-                     usage=Usage.model_validate(meta.get("usage") or {}), attempt=attempt)
+                     usage=Usage.model_validate(meta.get("usage") or {}), attempt=attempt,
+                     responds=bool(meta.get("responds")))
+
+
+def _responds(env: Environment, task: Task) -> bool:
+    """Whether the environment answers this task's turns without tool calls (only one that runs in the loop: its
+    respond is I/O there)."""
+    if type(env).responds is Environment.responds or env.in_loop_reason is None:
+        return False
+    return env.responds(task, env.parse_task(task))

@@ -7,6 +7,11 @@ The episode ends when the model answers without tool calls, at the turn limit (t
 `max_turns` when lower), or when the environment ends it: a successful call to one of `terminal_tools`, or
 a `ToolOutput` with `done=True` (the environment's own stop rule). Calls the model made after the ending
 one in the same turn are not run; each gets a "Not run" tool message. Then `verify` scores the episode.
+
+An environment that converses (NeMo Gym's gymnasium servers: a scripted user, a game) also answers a turn without
+tool calls: `responds` says it does for a task, `respond` gives the next user message (or ends the episode), and
+`open_episode` may add the environment's first observation to the prompt. Both are async I/O and run in the worker's
+event loop: only for environments with an `in_loop_reason`.
 """
 
 from __future__ import annotations
@@ -173,6 +178,22 @@ class Environment(ABC, Generic[T]):
         """Tools whose successful call ends the episode (e.g. `mark_task_complete`, `submit`); `call_tool` still
         runs them. A call that raised `ToolError` does not end it: the model sees the error and may fix it."""
         return ()
+
+    def responds(self, task: Task, data: T) -> bool:
+        """Whether a turn without tool calls goes to `respond` instead of ending the episode. Decided when the
+        reply is stored: keep it cheap (no I/O)."""
+        return False
+
+    async def respond(self, data: T, state: JSON, messages: Sequence[ChatMessage]) -> ToolOutput:
+        """The environment's answer to a turn without tool calls (`messages` ends with it): `content` becomes the
+        next user message, `state` the episode's; `done` ends the episode (the message then carries the final state,
+        its content the last observation, often empty). Raise `GymflowError` for the platform's failures."""
+        raise NotImplementedError(f"{self.name} does not respond to turns without tool calls")
+
+    async def open_episode(self, data: T, state: JSON) -> tuple[list[ChatMessage], JSON]:
+        """(user messages appended to the prompt, state) before the first turn, for an environment whose episode
+        starts with its own observation; default: none. Only for environments that respond (`responds`)."""
+        return [], state
 
     @abstractmethod
     async def verify(self, data: T, messages: Sequence[ChatMessage], state: JSON, ctx: VerifyContext) -> Score:

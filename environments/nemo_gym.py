@@ -20,10 +20,12 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import httpx
 from gymflow.environments import nemo_gym_catalogue as catalogue
+from gymflow.environments import nemo_gym_gymnasium as gym
 from gymflow.environments import nemo_gym_http as http
 from gymflow.environments import nemo_gym_responses as responses
 from gymflow.environments import nemo_gym_server as managed
@@ -114,6 +116,20 @@ def _lost(data: NemoGymTask, was: str, now: str) -> str:
             "session was seeded on it (it died, or this step ran on another env worker): the session is lost")
 
 
+@cache
+def _agent(server: str, config: str | None) -> catalogue.Agent:
+    """The agent the server's config names (which protocol drives it); Agent(None) where it cannot be read."""
+    try:
+        return catalogue.agent(catalogue.server(server), config)
+    except ConfigError:
+        return catalogue.Agent(None)
+
+
+def gymnasium(data: NemoGymTask) -> bool:
+    """Whether NeMo Gym drives this row's server with its gymnasium agent (/reset and /step: nemo_gym_gymnasium)."""
+    return _agent(data.resources_server, data.resources_server_config).name == gym.AGENT
+
+
 class NemoGymEnvironment(Environment[NemoGymTask]):
     name = "nemo_gym"
     task_type = NemoGymTask
@@ -174,9 +190,50 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
                             f"{reply.snippet()}")
         return http.merge_cookies({}, reply.cookies)
 
+    def responds(self, task: Task, data: NemoGymTask) -> bool:
+        return gymnasium(data)
+
+    async def open_episode(self, data: NemoGymTask, state: JSON) -> tuple[list[ChatMessage], JSON]:
+        """/reset: the session, and the observation the gymnasium agent appends to the prompt."""
+        url, instance = await self._endpoint(data)
+        reply = await http.with_retries(lambda: http.post(url, "/reset", http.encode(data.row()), {},
+                                                          http.timeout_s()))
+        obs, info = gym.parse_reset(data.resources_server, reply)
+        cookies = http.merge_cookies({}, reply.cookies)
+        return gym.as_user(obs), {**state, **gym.state_after_reset(cookies, instance, info)}
+
+    async def _step(self, data: NemoGymTask, state: JSON, output: list[JSON]
+                    ) -> tuple[JSON, str | None, bool, JSON]:
+        """One /step of the gymnasium protocol: (state after, observation, episode ended, info)."""
+        if state.get(gym.ENDED_KEY):
+            raise GymflowError(f"{data.resources_server}: the episode already ended ({state[gym.ENDED_KEY]})",
+                               failure_type=ENVIRONMENT_ERROR)
+        url, instance = await self._endpoint(data)
+        cookies = state.get(STATE_KEY)
+        if not isinstance(cookies, dict):
+            raise GymflowError(f"{data.resources_server}: no /reset session in the episode state",
+                               failure_type=ENVIRONMENT_ERROR)
+        if state.get(INSTANCE_KEY, "") != instance:
+            raise GymflowError(_lost(data, state.get(INSTANCE_KEY, ""), instance), failure_type=ENVIRONMENT_ERROR)
+        body = http.encode(gym.step_body(data.row(), state, output, "policy"))
+        reply = await http.post(url, "/step", body, cookies, http.timeout_s())
+        obs, reward, terminated, truncated, info = gym.parse_step(data.resources_server, reply)
+        max_steps = _agent(data.resources_server, data.resources_server_config).max_steps or gym.DEFAULT_MAX_STEPS
+        after = gym.after_step({**state, STATE_KEY: http.merge_cookies(cookies, reply.cookies)}, reward,
+                               terminated, truncated, max_steps)
+        return after, obs, bool(after.get(gym.ENDED_KEY)), info
+
+    async def respond(self, data: NemoGymTask, state: JSON, messages: Sequence[ChatMessage]) -> ToolOutput:
+        """A turn without tool calls, stepped: the observation is the next user message."""
+        after, obs, done, _ = await self._step(data, state, gym.turn_output(messages))
+        return ToolOutput(content="" if done else obs or "", state=after, done=done)
+
     async def call_tool(self, data: NemoGymTask, state: JSON, name: str, args: JSON) -> ToolOutput:
         if problem := _check_tool_name(name):
             raise ToolError(problem)
+        if gymnasium(data):  # the call stepped alone; its output is the step's info.tool_outputs
+            after, obs, done, info = await self._step(data, state, [gym.function_call(name, args)])
+            return gym.tool_turn(after, name, args, obs, info, done)
         try:
             body = http.encode(args)
         except ValueError:
@@ -198,6 +255,12 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
     async def verify(self, data: NemoGymTask, messages: Sequence[ChatMessage], state: JSON,
                      ctx: VerifyContext) -> Score:
         server = data.resources_server
+        if gymnasium(data):  # the gymnasium agent's reward: the sum of the steps' (no /verify)
+            if not isinstance(state.get(STATE_KEY), dict):
+                raise VerifierError(f"{server}: the episode never reached /reset")
+            return _checked_reward(server, gym.reward_of(state), {
+                "resources_server": server, "steps": int(state.get(gym.STEPS_KEY, 0)),
+                "ended": str(state.get(gym.ENDED_KEY) or "turn_limit")})
         timeout = http.timeout_s(ctx.options)
         params = data.gymflow_request
         sent = {**data.row(), "response": responses.response(messages, data.gymflow_prompt_len, params,
@@ -278,6 +341,13 @@ def _json_or_none(text: str) -> Any:
         return None
 
 
+def _checked_reward(server: str, reward: float, details: JSON) -> Score:
+    if not 0.0 <= reward <= 1.0:
+        raise VerifierError(f"{server} answered reward {reward:g}, outside [0, 1]: gymflow records rewards in "
+                            "[0, 1]; check the server's config (a reward scale or penalty setting)")
+    return Score(reward=float(reward), details=details)
+
+
 def _score(server: str, reply: http.Reply, sent: JSON) -> Score:
     body = _json_or_none(reply.text)
     if not isinstance(body, dict):
@@ -285,9 +355,7 @@ def _score(server: str, reply: http.Reply, sent: JSON) -> Score:
     reward = body.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise VerifierError(f"{server}/verify answered no finite number as reward: {str(reward)[:80]}")
-    if not 0.0 <= reward <= 1.0:
-        raise VerifierError(f"{server}/verify answered reward {reward:g}, outside [0, 1]: gymflow records rewards in "
-                            "[0, 1]; check the server's config (a reward scale or penalty setting)")
+    _checked_reward(server, reward, {})
     if body.get("mask_sample") is True:  # the server says its own infrastructure failed: not a measurement
         reason = f"{body.get('failure_kind') or 'unspecified'}: {str(body.get('failure_reason') or '')[:300]}"
         raise VerifierError(f"{server}/verify masked the sample ({reason})")

@@ -113,6 +113,29 @@ def requirements(folder: Path) -> tuple[list[str], list[str]]:
     return plain, remote
 
 
+@dataclass(frozen=True)
+class Agent:
+    """The NeMo Gym agent a server's config names (`responses_api_agents: <agent>:`), and its step bound."""
+
+    name: str | None
+    max_steps: int | None = None
+
+
+def agent(info: ServerInfo, config: str | None = None) -> Agent:
+    """The agent of the server's config (`config`, else its default one), as NeMo Gym would start it: the first
+    `responses_api_agents` instance whose `resources_server` names this server. Agent(None) when none does."""
+    if not info.configs:
+        return Agent(None)
+    path = info.folder / "configs" / config if config else default_config(info)
+    for value in load_config(path).values():
+        inner = value.get("responses_api_agents") if isinstance(value, dict) else None
+        for impl, cfg in (inner or {}).items() if isinstance(inner, dict) else ():
+            if isinstance(cfg, dict) and (cfg.get("resources_server") or {}).get("name") == info.name:
+                steps = cfg.get("max_steps")
+                return Agent(str(impl), steps if isinstance(steps, int) and not isinstance(steps, bool) else None)
+    return Agent(None)
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """One NeMo Gym config file as plain YAML (NeMo Gym loads it with OmegaConf; interpolations stay strings)."""
     try:

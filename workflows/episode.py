@@ -122,7 +122,7 @@ class EpisodeWorkflow:
                                                       **gen_opts)
             ep = self._generated(ep, gen)
             turns_here += 1
-            if not gen.tool_calls:
+            if not gen.tool_calls and not gen.responds:
                 return
             self._enter("tools")
             ran = await self._on_env(inp, names.EPISODE_RUN_TOOLS,

@@ -102,6 +102,7 @@ class Generated(Wire):
     finish_reason: str | None = None
     usage: Usage = Usage()
     attempt: int = 1
+    responds: bool = False  # a turn without tool calls that the environment answers (Environment.respond)
 
 
 class ToolsRan(Wire):
@@ -135,7 +136,7 @@ def with_tools(ep: EpisodeRef, ran: ToolsRan) -> EpisodeRef:
 
 def ends_after(ep: EpisodeRef, gen: Generated, ran: ToolsRan | None, max_turns: int) -> bool:
     """Whether the episode ends after this turn (`ep` is the episode after it): the workflow's loop condition."""
-    return not gen.tool_calls or (ran is not None and ran.done) or ep.turn >= max_turns
+    return (not gen.tool_calls and not gen.responds) or (ran is not None and ran.done) or ep.turn >= max_turns
 
 
 def episode_summary(*, rollout_id: str, run_id: str, task_id: str, sample_index: int, ep: EpisodeRef | None,
