@@ -210,3 +210,37 @@ async def test_a_changed_final_answer_scores_as_nemo_gym_scores_it(server_url: s
     changed = [*turns[:-1], ChatMessage(role="assistant", content=WRONG)]
     reward, _, _ = await _through_adapter(task, changed)
     assert reward == await _nemo_gym(server_url, task, changed, max_steps=5) == 0.0
+
+
+@needs_nemo
+@pytest.mark.integration
+async def test_a_durable_rollout_converses_with_the_scripted_user(gf: Any, scripted: Any, sql: Any,
+                                                                  run_id: str) -> None:
+    """Temporal, the env pool and Postgres, on a server the env worker starts: each text turn goes to /step, its
+    follow-up is the next user message, the terminal step ends the episode and its reward is the rollout's."""
+    from gymflow.environments import nemo_gym_server as managed
+    from gymflow.workflows.episode import EpisodeWorkflow
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from gymflow.testing.scripted_openai import text
+
+    assert SERVERS_DIR is not None
+    task = json.loads((SERVERS_DIR / SERVER / "data" / "example.jsonl").read_text().splitlines()[0])  # France
+    os.environ.pop(url_env_var(SERVER), None)  # gymflow runs it
+    try:
+        scripted.script(text("Paris."), text("About 2 million."), text("The Eiffel Tower."), text("never asked"))
+        t = row_to_task({**task, "resources_server": SERVER}, env="nemo_gym", default_id="g0")
+        summary = await gf.run_rollout(gf.make_input(run_id, t, 0, "policy", max_turns=8))
+        assert summary.status == "completed" and summary.reward == 1.0, summary
+        assert (summary.turns, summary.tool_calls) == (3, 0) and len(scripted.requests) == 3
+        (transcript,) = sql("SELECT transcript FROM rollouts WHERE id = %s", summary.rollout_id)[0]
+        assert [(m["role"], m.get("content")) for m in transcript[1:]] == [
+            ("assistant", "Paris."), ("user", task["follow_ups"][0]), ("assistant", "About 2 million."),
+            ("user", task["follow_ups"][1]), ("assistant", "The Eiffel Tower."), ("user", "")]
+        history = await gf.temporal.get_workflow_handle(summary.rollout_id).fetch_history()
+        replayed = await Replayer(workflows=[EpisodeWorkflow], data_converter=pydantic_data_converter
+                                  ).replay_workflow(history, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
+    finally:
+        managed.stop_all()
