@@ -238,11 +238,22 @@ def _turn_limit(row: dict[str, Any]) -> dict[str, Any]:
     return {"max_turns": len(split_turns(output))}
 
 
+# Config values a server refuses to start without, for a part of it that cannot run offline anyway: given on both
+# sides (as row overrides), so that what runs offline (its verify) is compared. google_search: the search API's
+# credentials (its search tool then fails as it would without network; /verify reads only the answer).
+OFFLINE_PLACEHOLDERS: dict[str, dict[str, str]] = {
+    "google_search": {"google_api_key": "offline-placeholder", "google_cx": "offline-placeholder"}}
+
+
 def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | None) -> Plan:
     """The joined rows of one server, or why it cannot run."""
     p = Plan(info.name)
     rollouts = info.folder / "data" / "example_rollouts.jsonl"
-    if info.refusal:
+    placeholders = OFFLINE_PLACEHOLDERS.get(info.name, {})
+    if placeholders and info.refusal and info.refusal.startswith("its config needs values nobody set"):
+        p.overrides = dict(placeholders)
+        p.notes.append(f"given placeholder config values ({', '.join(placeholders)}): {info.refusal}")
+    elif info.refusal:
         p.not_runnable = f"refused by gymflow's catalogue: {info.refusal}"
         return p
     if not rollouts.exists():
@@ -254,7 +265,7 @@ def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | No
         return p
     p.judge = _judge_names(info)
     if p.judge:
-        p.overrides = {"gymflow_model_urls": {name: judge_url for name in p.judge}}
+        p.overrides["gymflow_model_urls"] = {name: judge_url for name in p.judge}
     rows_dir = work / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
     joined = rows_dir / f"{info.name}.joined.jsonl"

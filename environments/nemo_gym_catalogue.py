@@ -8,6 +8,7 @@ with `app.py`, `configs/*.yaml`, `requirements.txt` and `data/example.jsonl`. Ev
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -197,6 +198,27 @@ def config_needs(cfg: dict[str, Any], top: dict[str, Any]) -> tuple[list[str], s
     return needs, refusal
 
 
+def required_fields(app: Path) -> list[str]:
+    """Fields of the server's config class (a `...ResourcesServerConfig` subclass in its app.py) that have no
+    default: read from the source (ast), not by importing it, so the catalogue never runs a server's code."""
+    try:
+        tree = ast.parse(app.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
+        if not any(b.endswith("ResourcesServerConfig") for b in bases):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is None \
+                    and "Optional" not in ast.unparse(item.annotation) and "None" not in ast.unparse(item.annotation):
+                out.append(item.target.id)
+    return out
+
+
 def _describe(folder: Path, dists: frozenset[str]) -> ServerInfo:
     configs = sorted(p.name for p in (folder / "configs").glob("*.yaml"))
     info = ServerInfo(folder.name, folder, configs)
@@ -220,6 +242,11 @@ def _describe(folder: Path, dists: frozenset[str]) -> ServerInfo:
             top = load_config(path)
             _, cfg = resources_entry(top, folder.name, path)
             needs, refusal = config_needs(cfg, top)
+            unset = [f for f in required_fields(folder / "app.py") if f not in cfg]
+            if unset:  # the server would not start: pydantic refuses its config (google_search's API key)
+                needs.append("config values: " + ", ".join(unset[:6]))
+                refusal = refusal or (f"its config needs values nobody set ({', '.join(unset[:4])}): give them in "
+                                      "the row's resources_server_overrides")
             info.needs += needs
             if refusal:
                 refusals.append(refusal)
