@@ -26,7 +26,8 @@ def _output_text(item: dict[str, Any]) -> str:
 
 
 def split_turns(output: Sequence[dict[str, Any]]) -> list[ChatMessage]:
-    """Responses `output` items -> one assistant message per model turn (a turn ends at tool outputs)."""
+    """Responses `output` items -> one assistant message per model turn (a turn ends at tool outputs, and at a
+    user message: a gymnasium environment's observation)."""
     turns: list[ChatMessage] = []
     text: list[str] = []
     reasoning: list[str] = []
@@ -47,6 +48,8 @@ def split_turns(output: Sequence[dict[str, Any]]) -> list[ChatMessage]:
         elif kind == "function_call":
             calls.append(ToolCall(id=item.get("call_id") or item.get("id") or f"call_{len(calls)}",
                                   function=FunctionCall(name=item["name"], arguments=item.get("arguments", ""))))
+        elif kind == "message" and item.get("role", "assistant") != "assistant":
+            close()  # the environment's observation (NeMo Gym's gymnasium agent records it): the model's turn ended
         elif kind == "message":
             text.append(_output_text(item))
         elif kind == "reasoning":

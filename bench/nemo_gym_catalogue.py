@@ -350,6 +350,60 @@ async def _nemo_one(client: httpx.AsyncClient, srv: managed.ManagedServer, body:
     return {"reward": reward, "masked": out.get("mask_sample") is True, "tool_calls": calls}
 
 
+GYMNASIUM_OUTCOME = ("terminated", "truncated", "info")  # GymnasiumRunResponse's own fields: the reply's, not the row's
+
+
+def _model_turns(output: list[Any]) -> list[list[dict[str, Any]]]:
+    """The recorded output items, one list per model turn: a turn ends at the environment's items (tool outputs,
+    a user message: its observation), which the gymnasium agent appended, not the model."""
+    turns: list[list[dict[str, Any]]] = [[]]
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        ours = item.get("type") == "function_call_output" or (item.get("type") == "message"
+                                                                and item.get("role", "assistant") != "assistant")
+        if ours:
+            if turns[-1]:
+                turns.append([])
+        else:
+            turns[-1].append(item)
+    return [t for t in turns if t]
+
+
+async def _nemo_gymnasium(client: httpx.AsyncClient, srv: managed.ManagedServer, body: dict[str, Any],
+                          response: dict[str, Any], max_steps: int) -> dict[str, Any]:
+    """The server driven as NeMo Gym's gymnasium agent drives it (responses_api_agents/gymnasium_agent/app.py):
+    /reset with the row, each recorded model turn's output to /step in the session, the steps' rewards summed,
+    until terminated, truncated or max_steps."""
+    client.cookies.clear()
+    body = {k: v for k, v in body.items() if k not in GYMNASIUM_OUTCOME}
+    log_before = len(srv.log.read_text(errors="replace")) if srv.log.exists() else 0
+
+    def log() -> str:
+        return _last_exception(srv.log.read_text(errors="replace")[log_before:])
+    total, steps = 0.0, 0
+    try:
+        reset = await client.post("/reset", json=body)
+        if reset.status_code >= 300:
+            return {"error": f"/reset HTTP {reset.status_code}: {reset.text[:300]}", "log": log()}
+        cookies = httpx.Cookies(reset.cookies)
+        for turn in _model_turns(response.get("output") or [])[:max_steps]:
+            step = await client.post("/step", json={**body, "response": {**response, "output": turn}},
+                                     cookies=cookies)
+            if step.status_code >= 300:
+                return {"error": f"/step HTTP {step.status_code}: {step.text[:300]}", "log": log()}
+            cookies.update(step.cookies)
+            out = step.json()
+            total, steps = total + float(out.get("reward") or 0.0), steps + 1
+            if out.get("terminated") or out.get("truncated"):
+                break
+    except httpx.HTTPError as e:
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    except (ValueError, TypeError) as e:
+        return {"error": f"/step answered no step: {e}"[:300]}
+    return {"reward": total, "masked": False, "tool_calls": steps}
+
+
 async def _reply_only(client: httpx.AsyncClient) -> frozenset[str]:
     """The server's /verify reply fields that its request model lacks, from its OpenAPI schema (empty if none)."""
     try:
@@ -375,12 +429,16 @@ async def nemo_verdicts(p: Plan) -> dict[str, Any]:
             log = srv.log.read_text(errors="replace") if srv.log.exists() else ""
             why = _last_exception(log) or re.sub(r"; fix: .*", "", str(e), flags=re.S)
             return {"start_error": f"did not start: {why}"[:600], "start_log_tail": log[-1500:], "rows": []}
+        agent = catalogue.agent(catalogue.server(p.server))
         async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
             reply_only = await _reply_only(client)
             rows = []
             for joined, rec, task in zip(p.rows, p.recorded, p.tasks, strict=True):
                 body = _input_row(joined, rec, task, reply_only)
-                rows.append(await _nemo_one(client, srv, body, rec["response"]))
+                if agent.name == "gymnasium_agent":  # /reset and /step, not /seed_session and /verify
+                    rows.append(await _nemo_gymnasium(client, srv, body, rec["response"], agent.max_steps or 10))
+                else:
+                    rows.append(await _nemo_one(client, srv, body, rec["response"]))
         return {"rows": rows, "reply_only": sorted(reply_only)}
     finally:
         srv.stop()

@@ -196,7 +196,7 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
     async def open_episode(self, data: NemoGymTask, state: JSON) -> tuple[list[ChatMessage], JSON]:
         """/reset: the session, and the observation the gymnasium agent appends to the prompt."""
         url, instance = await self._endpoint(data)
-        reply = await http.with_retries(lambda: http.post(url, "/reset", http.encode(data.row()), {},
+        reply = await http.with_retries(lambda: http.post(url, "/reset", http.encode(gym.row(data.row())), {},
                                                           http.timeout_s()))
         obs, info = gym.parse_reset(data.resources_server, reply)
         cookies = http.merge_cookies({}, reply.cookies)
@@ -215,7 +215,7 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
                                failure_type=ENVIRONMENT_ERROR)
         if state.get(INSTANCE_KEY, "") != instance:
             raise GymflowError(_lost(data, state.get(INSTANCE_KEY, ""), instance), failure_type=ENVIRONMENT_ERROR)
-        body = http.encode(gym.step_body(data.row(), state, output, "policy"))
+        body = http.encode(gym.step_body(gym.row(data.row()), state, output, "policy"))
         reply = await http.post(url, "/step", body, cookies, http.timeout_s())
         obs, reward, terminated, truncated, info = gym.parse_step(data.resources_server, reply)
         max_steps = _agent(data.resources_server, data.resources_server_config).max_steps or gym.DEFAULT_MAX_STEPS

@@ -36,6 +36,15 @@ IDEMPOTENT_KEY = "nemo_gym_step_ids"  # the server takes `_ng_step_request_id` (
 CALL_ID = "call_gymflow"  # a tool call stepped alone: the id its function_call item and tool output share
 
 
+# A replayed rollout row is the agent's reply (GymnasiumRunResponse): its own fields are not the row's, which the
+# agent sends to /reset and /step as the task had it.
+RECORDED = frozenset({"terminated", "truncated", "info"})
+
+
+def row(row: JSON) -> JSON:
+    return {k: v for k, v in row.items() if k not in RECORDED}
+
+
 def response(model: str, output: list[JSON]) -> JSON:
     return {"id": "resp_gymflow", "object": "response", "created_at": 0.0, "model": model or "policy",
             "status": "completed", "output": output, "tools": [], "tool_choice": "auto",
