@@ -701,10 +701,22 @@ EXPLAINED |= {
         "of the final `\\boxed{\\sqrt{2}}`) and reward 0; NeMo Gym 0.7.0 extracts `\\sqrt{2}` and scores 1, and "
         "gymflow with it"),
 }
-# NeMo Gym runs these with its gymnasium agent (/reset, /step), a protocol neither side here speaks.
-for _name in ("blackjack", "example_multi_turn_gymnasium", "indian_banking", "openair_congestion", "wordle"):
-    EXPLAINED[_name] = ("another agent's protocol: NeMo Gym drives it with its gymnasium_agent (/reset, /step; no "
-                        "/seed_session: 404), which gymflow's nemo_gym adapter does not speak (a gymflow gap)")
+# NeMo Gym runs these with its gymnasium agent (/reset, /step): both sides drive that protocol (the bench's
+# `_nemo_gymnasium`, gymflow's environments/nemo_gym_gymnasium.py). example_multi_turn_gymnasium agrees on every row.
+EXPLAINED |= {
+    "wordle": ("data not shipped: /reset reads data/guesses.txt, which the wheel lacks (its generate_data.py "
+               "writes it): HTTP 500 on every row"),
+    "indian_banking": ("data not shipped: /reset reads data/db.json and kb.json, from the Hugging Face dataset "
+                       "NPCI/nemo-gym-indian-banking, which the wheel lacks: HTTP 500 on every row"),
+    "openair_congestion": (
+        "gymflow by design: the step rewards are negative (congestion penalties); gymflow's reward is NeMo Gym's "
+        "to the last digit (its masked detail says it) and masked as outside [0, 1]. NeMo Gym 0.7.0's own verdict "
+        "is not its recording (about half of it: the recording's reward terms are not the shipped code's)"),
+    "blackjack": (
+        "not reproducible: /reset deals from an unseeded `random.Random()`, so each side plays another hand with "
+        "the recorded actions (NeMo Gym's own verdict is not its recording on every row either); a loss (-1) is "
+        "outside [0, 1], which gymflow masks by design"),
+}
 # Image prompts (`input_image` parts) load as Chat Completions image parts and go back to /verify as recorded.
 for _name in ("circle_click", "circle_count", "gui_coordinate"):
     EXPLAINED[_name] = "image prompts (`input_image` parts), sent back to /verify as recorded"
