@@ -158,10 +158,59 @@ def ending_env() -> str:
     return _install(ENDING_NAME, ENDING_ENTRY_POINT)
 
 
+# ---- environments that answer turns without tool calls (tests/test_nemo_gym_gymnasium.py) ---------------
+
+CONVERSING_NAME = "conversing_test_env"
+CONVERSING_LOCAL_NAME = "conversing_local_test_env"
+
+
+class ConversingEnvironment(Environment[TaskData]):
+    """A scripted user: opens with "opening", answers each text turn "reply N", ends the episode at the third
+    (`respond` done). Verify reports the roles it saw and the replies it counted in its state."""
+
+    name = CONVERSING_NAME
+    task_type = TaskData
+    in_loop_reason = "test: no I/O"
+
+    def responds(self, task: Task, data: TaskData) -> bool:
+        return True
+
+    async def open_episode(self, data: TaskData, state: JSON) -> tuple[list[ChatMessage], JSON]:
+        return [ChatMessage(role="user", content="opening")], {**state, "replies": 0}
+
+    async def respond(self, data: TaskData, state: JSON, messages: Sequence[ChatMessage]) -> ToolOutput:
+        n = int(state.get("replies", 0)) + 1
+        done = n >= 3
+        return ToolOutput(content="" if done else f"reply {n}", state={**state, "replies": n,
+                                                                       "heard": messages[-1].text}, done=done)
+
+    async def verify(self, data: TaskData, messages: Sequence[ChatMessage], state: JSON,
+                     ctx: VerifyContext) -> Score:
+        return Score(reward=1.0 if state.get("replies") == 3 else 0.0,
+                     details={"roles": [m.role for m in messages], "heard": state.get("heard")})
+
+
+class ConversingLocalEnvironment(ConversingEnvironment):
+    name = CONVERSING_LOCAL_NAME
+    placement = "local"
+
+
+CONVERSING_ENTRY_POINTS = {n: EntryPoint(name=n, value=f"tests.faulty_env:{c}", group="gymflow.environments")
+                           for n, c in ((CONVERSING_NAME, "ConversingEnvironment"),
+                                        (CONVERSING_LOCAL_NAME, "ConversingLocalEnvironment"))}
+
+
+@pytest.fixture(scope="session")
+def conversing_envs() -> list[str]:
+    return [_install(n, e) for n, e in CONVERSING_ENTRY_POINTS.items()]
+
+
 def install_all() -> None:
     """The test environments, for a worker process of the tests (tests/conftest.py, GeneratePool)."""
     from tests import rescore_env  # imports this module: loaded here, not at the top
 
     _install(NAME, ENTRY_POINT)
     _install(ENDING_NAME, ENDING_ENTRY_POINT)
+    for name, entry_point in CONVERSING_ENTRY_POINTS.items():
+        _install(name, entry_point)
     _install(rescore_env.NAME, rescore_env.ENTRY_POINT)

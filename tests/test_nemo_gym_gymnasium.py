@@ -29,6 +29,7 @@ from gymflow.data.datasets import row_to_task
 from gymflow.kernel.errors import GymflowError
 from gymflow.kernel.responses_format import input_to_messages
 from gymflow.kernel.wire import ChatMessage
+from tests.faulty_env import conversing_envs  # noqa: F401 - a fixture
 
 PYTHON = os.environ.get("GYMFLOW_NEMO_GYM_PYTHON") or str(Path(__file__).resolve().parents[1] / ".nemo313/bin/python")
 SERVER = "example_multi_turn_gymnasium"
@@ -244,3 +245,40 @@ async def test_a_durable_rollout_converses_with_the_scripted_user(gf: Any, scrip
         assert replayed.replay_failure is None, replayed.replay_failure
     finally:
         managed.stop_all()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("placement", ["pool", "local"])
+async def test_an_environment_answers_text_turns_in_both_workflow_shapes(gf: Any, scripted: Any, sql: Any,
+                                                                        run_id: str,
+                                                                        conversing_envs: list[str],  # noqa: F811
+                                                                        placement: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's side of the protocol, without NeMo Gym: open_episode's message joins the prompt, each text
+    turn gets respond's user message, respond's `done` ends the episode; with the env pool (run_tools) and with
+    every step local (one activity a turn, the episode begun and finished in them)."""
+    from gymflow.environments import registry
+
+    from gymflow.kernel.wire import Task
+    from gymflow.testing.scripted_openai import text
+    from tests.faulty_env import CONVERSING_ENTRY_POINTS, CONVERSING_LOCAL_NAME, CONVERSING_NAME
+
+    real = registry._entry_points
+    monkeypatch.setattr(registry, "_entry_points", lambda: {**real(), **CONVERSING_ENTRY_POINTS})  # placement
+    env = CONVERSING_LOCAL_NAME if placement == "local" else CONVERSING_NAME
+    scripted.script(text("one"), text("two"), text("three"), text("never asked"))
+    t = Task(id="c0", env=env, messages=(ChatMessage(role="user", content="talk"),))
+    summary = await gf.run_rollout(gf.make_input(run_id, t, 0, "policy", max_turns=8))
+    assert summary.status == "completed" and summary.reward == 1.0, summary
+    assert (summary.turns, summary.tool_calls) == (3, 0) and len(scripted.requests) == 3
+    transcript, details = sql("SELECT transcript, score_details FROM rollouts WHERE id = %s", summary.rollout_id)[0]
+    assert [(m["role"], m.get("content")) for m in transcript] == [
+        ("user", "talk"), ("user", "opening"), ("assistant", "one"), ("user", "reply 1"), ("assistant", "two"),
+        ("user", "reply 2"), ("assistant", "three"), ("user", "")]
+    assert details["heard"] == "three"
+    history = await gf.temporal.get_workflow_handle(summary.rollout_id).fetch_history()
+    scheduled = [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+    assert (not scheduled) == (placement == "local")  # every step local: local activities only
+    # The model saw the opening and each reply.
+    assert [m["content"] for m in scripted.requests[-1].body["messages"] if m["role"] == "user"] == [
+        "talk", "opening", "reply 1", "reply 2"]
