@@ -261,13 +261,17 @@ class EpisodeActivities:
         with boundary("environment", f"{task.env} setup"):
             env = get_environment(task.env)
             initial, state, tools = await setup_episode(env, task, self._processes, self._env_options.get(task.env))
-            if _responds(env, task):  # its first observation (I/O in the loop: only in-loop environments respond)
+            responds = _responds(env, task)
+            if responds:  # its first observation (I/O in the loop: only in-loop environments respond)
                 opening, state = await heartbeating(env.open_episode(env.parse_task(task), dict(state)))
                 initial = [*initial, *opening]
         if not initial:
             raise TaskError("the task has no prompt messages")
         new = [NewMessage(role=m.role, body=m.model_dump(exclude_none=True)) for m in initial]
-        new[-1] = NewMessage(role=new[-1].role, body=new[-1].body, state=dict(state))
+        # Whether the environment answers text turns, decided here on the env side and kept with the prompt: the
+        # generate pool reads it from the episode without importing environment code.
+        new[-1] = NewMessage(role=new[-1].role, body=new[-1].body, state=dict(state),
+                             tokens={RESPONDS: True} if responds else None)
 
         async def running(conn: Conn) -> None:
             # The generate pool offers these to the model without importing environment code.
@@ -366,8 +370,8 @@ class EpisodeActivities:
             tokens = token_data(resp, choice, ids=cfg.return_token_ids, logprobs=cfg.logprobs)
             metrics.generation_done(req.model, time.monotonic() - started, usage)
         message = self._checked_reply(req, message, finish, tokens)
-        if not message.tool_calls and _responds(get_environment(task.env), task):
-            tokens = {**tokens, "responds": True}  # stored with the reply: a retry finds it (`_generated`)
+        if not message.tool_calls and any((m.tokens or {}).get(RESPONDS) for m in chain if m.role != "assistant"):
+            tokens = {**tokens, RESPONDS: True}  # stored with the reply: a retry finds it (`_generated`)
         finish = self._redactor.text(finish) if finish else finish
         meta = {"finish_reason": finish, "usage": usage.model_dump(), "attempt": attempt, "model": req.model,
                 "turn": req.turn, "latency_s": round(time.monotonic() - started, 4), **tokens,
@@ -378,7 +382,7 @@ class EpisodeActivities:
         ids, earlier = await self._append(req.rollout_id, chain, reply)
         if earlier:  # another attempt stored its reply first: that one is the episode's
             return _generated(earlier[-1], attempt)
-        responds = bool(tokens.get("responds"))
+        responds = bool(tokens.get(RESPONDS))
         if not message.tool_calls and not responds and not info.is_local:  # the last generation
             self._chains.drop(req.rollout_id)
         return Generated(head_id=ids[-1], tool_calls=len(message.tool_calls or ()), finish_reason=finish,
@@ -557,7 +561,10 @@ def _generated(message: StoredMessage, attempt: int) -> Generated:
     calls = ChatMessage.model_validate(message.body).tool_calls or ()
     return Generated(head_id=message.id, tool_calls=len(calls), finish_reason=meta.get("finish_reason"),
                      usage=Usage.model_validate(meta.get("usage") or {}), attempt=attempt,
-                     responds=bool(meta.get("responds")))
+                     responds=bool(meta.get(RESPONDS)))
+
+
+RESPONDS = "responds"  # on the prompt's last message: the environment answers text turns; on a reply: answered
 
 
 def _responds(env: Environment, task: Task) -> bool:
