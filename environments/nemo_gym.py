@@ -11,10 +11,13 @@ its status (a 404 for a tool the server has no route for, a 422, a 500), is the 
 `/verify` with the row plus the episode as a Responses API `response` (every output item). Seeding is lazy (setup
 cannot do I/O): on the first tool call, or in verify when there was none; the cookie is the episode state, with the
 managed server's instance id, so an episode seeded on a server that has since died is failed or masked, not scored.
+A server whose config names NeMo Gym's gymnasium agent is driven by that agent's protocol instead (/reset, /step:
+environments/nemo_gym_gymnasium.py), through `open_episode`, `respond` and `call_tool`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -221,6 +224,8 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
         max_steps = _agent(data.resources_server, data.resources_server_config).max_steps or gym.DEFAULT_MAX_STEPS
         after = gym.after_step({**state, STATE_KEY: http.merge_cookies(cookies, reply.cookies)}, reward,
                                terminated, truncated, max_steps)
+        if after.get(gym.ENDED_KEY):
+            await _close(url, after)
         return after, obs, bool(after.get(gym.ENDED_KEY)), info
 
     async def respond(self, data: NemoGymTask, state: JSON, messages: Sequence[ChatMessage]) -> ToolOutput:
@@ -258,6 +263,11 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
         if gymnasium(data):  # the gymnasium agent's reward: the sum of the steps' (no /verify)
             if not isinstance(state.get(STATE_KEY), dict):
                 raise VerifierError(f"{server}: the episode never reached /reset")
+            if not state.get(gym.ENDED_KEY):  # ended by gymflow's turn limit: the server's slot is released here
+                with contextlib.suppress(ConfigError, GymflowError, managed.ServerCrashed):
+                    url, instance = await self._endpoint(data, ctx.options)
+                    if instance == state.get(INSTANCE_KEY, ""):
+                        await _close(url, state)
             return _checked_reward(server, gym.reward_of(state), {
                 "resources_server": server, "steps": int(state.get(gym.STEPS_KEY, 0)),
                 "ended": str(state.get(gym.ENDED_KEY) or "turn_limit")})
@@ -328,6 +338,15 @@ async def _reply_only_fields(url: str, timeout: float) -> frozenset[str]:
         return frozenset()
     _REPLY_ONLY[url] = frozenset(reply - request)
     return _REPLY_ONLY[url]
+
+
+async def _close(url: str, state: JSON) -> None:
+    """POST /close for a server that asked for it at /reset (the gymnasium agent's cleanup); best effort: a failed
+    close changes no verdict (the agent only warns), and the server expires what is left."""
+    cookies = state.get(STATE_KEY)
+    if state.get(gym.CLOSE_KEY) and isinstance(cookies, dict):
+        with contextlib.suppress(http.ServerUnavailable):
+            await http.post(url, "/close", b"{}", cookies, min(http.timeout_s(), 10.0))
 
 
 def _without(row: JSON, drop: frozenset[str]) -> JSON:

@@ -33,6 +33,7 @@ STEPS_KEY = "nemo_gym_steps"
 REWARD_KEY = "nemo_gym_reward"
 ENDED_KEY = "nemo_gym_ended"  # "terminated", "truncated", or absent while the episode runs
 IDEMPOTENT_KEY = "nemo_gym_step_ids"  # the server takes `_ng_step_request_id` (its reset info said so)
+CLOSE_KEY = "nemo_gym_close"  # the server wants POST /close when the episode ends (`supports_explicit_close`)
 CALL_ID = "call_gymflow"  # a tool call stepped alone: the id its function_call item and tool output share
 
 
@@ -142,4 +143,6 @@ def state_after_reset(cookies: dict[str, str], instance: str, info: JSON) -> dic
                              REWARD_KEY: 0.0}
     if info.get("supports_step_idempotency") is True:
         state[IDEMPOTENT_KEY] = True
+    if info.get("supports_explicit_close") is True:
+        state[CLOSE_KEY] = True
     return state

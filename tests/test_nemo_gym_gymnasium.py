@@ -282,3 +282,21 @@ async def test_an_environment_answers_text_turns_in_both_workflow_shapes(gf: Any
     # The model saw the opening and each reply.
     assert [m["content"] for m in scripted.requests[-1].body["messages"] if m["role"] == "user"] == [
         "talk", "opening", "reply 1", "reply 2"]
+
+
+async def test_a_server_that_asked_for_close_gets_it_and_a_failed_close_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gymflow.environments import nemo_gym
+    from gymflow.environments import nemo_gym_http as http
+
+    posted: list[tuple[str, dict[str, str]]] = []
+
+    async def post(url: str, path: str, body: bytes, cookies: dict[str, str], timeout: float, **_: Any) -> Reply:
+        posted.append((path, cookies))
+        raise http.ServerUnavailable("down")
+
+    monkeypatch.setattr(http, "post", post)
+    asked = gym.state_after_reset({"s": "1"}, "", {"supports_explicit_close": True})
+    await nemo_gym._close("http://x", asked)  # the failure is swallowed
+    await nemo_gym._close("http://x", gym.state_after_reset({"s": "1"}, "", {}))  # not asked: not sent
+    assert posted == [("/close", {"s": "1"})]
