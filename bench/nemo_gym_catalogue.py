@@ -745,8 +745,9 @@ FINDINGS = [
     "- Servers' own packages: with `gymflow env nemo-gym-install` run on the 26 servers in INSTALLED (index "
     "packages only, nothing from git, no torch), 16 more servers agree on every row (48 before). The other ten then "
     "stop for reasons beyond packages: start-up downloads (evalplus and ether0 fetch data, newton_bench `git "
-    "clone`s), another agent's protocol (grl_sokoban and grl_tetris: gymnasium_agent; scicode, gdpval, "
-    "toolsandbox: their own agents build the prompt, the rows' `input` is empty), NeMo Gym's own request model "
+    "clone`s), rewards outside [0, 1] (grl_sokoban and grl_tetris, since the adapter speaks gymnasium_agent), "
+    "another agent's protocol (scicode, gdpval, toolsandbox: their own agents build the prompt, the rows' `input` "
+    "is empty), NeMo Gym's own request model "
     "rejecting its recorded `usage` (mrcr, ruler2), rollouts of tasks example.jsonl lacks (structured_outputs).",
     "- Rollout files concatenated from several collections (graphwalks repeats task 11's sample 0; iheval gives "
     "`id: 1` to two prompts) were refused by gymflow's loader as duplicates; `gymflow data join` now numbers a "
@@ -763,7 +764,7 @@ INSTALLED = (
     "arena", "asr_with_pc", "assaybench", "evalplus", "fukuyamabench", "graphwalks", "grl_sokoban", "grl_tetris",
     "iheval", "labbench2_vlm", "mcqa", "moldetox", "mrcr", "newton_bench", "reasoning_gym", "ruler2", "scicode",
     "structeval", "structured_outputs", "terminal_multi_harness", "terminus_judge", "toolsandbox", "widesearch",
-    "gdp_pdf", "ether0", "gdpval")
+    "gdp_pdf", "ether0", "gdpval", "google_search")
 # The class of why a server is not runnable, where the refusal or the error does not say it (see `reason`).
 REASONS: dict[str, str] = {
     "competitive_coding_challenges": "data not shipped", "critpt": "needs the network", "vibench": "data not shipped",
