@@ -82,21 +82,24 @@ def adapter_tasks(server: str, python: str) -> Any:
 
 
 async def gymflow_run(n: int, in_flight: int, generate: str, workflow_procs: int, direct: bool = False,
-                      adapter: str | None = None, python: str = NEMO_PYTHON) -> dict[str, Any]:
+                      adapter: str | None = None, python: str = NEMO_PYTHON, env_placement: str | None = None
+                      ) -> dict[str, Any]:
     """`direct`: the rows in bench/hostile_env.py's single_tool_direct (steps in the worker's loop, no supervised
     process): the baseline of what isolation costs. The pools register it either way, so both stacks match.
     `adapter`: the rows of this NeMo Gym server through the `nemo_gym` environment instead of a native one."""
     hostile_env.install()
     pool_env = {"GYMFLOW_NEMO_GYM_PYTHON": python} if adapter else None
     bench = await start_stack(slow_latency_s=1.0, concurrency=in_flight + 8, generate=generate,
-                              workflow_procs=workflow_procs, install="bench.hostile_env:install", pool_env=pool_env)
+                              workflow_procs=workflow_procs, install="bench.hostile_env:install", pool_env=pool_env,
+                              environments={"nemo_gym": {"placement": env_placement}} if env_placement else None)
     try:
         got = await runs.workload(bench, "single_tool", n=n, in_flight=in_flight,
                                   env=hostile_env.DIRECT if direct else None,
                                   tasks_of=adapter_tasks(adapter, python) if adapter else None)
     finally:
         await bench.close()
-    return got | {"system": "gymflow", "workflow_procs": workflow_procs, "direct": direct, "adapter": adapter}
+    return got | {"system": "gymflow", "workflow_procs": workflow_procs, "direct": direct, "adapter": adapter,
+                  "env_placement": env_placement}
 
 
 # ---- NeMo Gym -------------------------------------------------------------------------------------------------
@@ -320,6 +323,7 @@ def table(results: list[dict[str, Any]]) -> str:
             name = f"gymflow (`placement: {r['generate']}`, {r['workflow_procs']} workflow-pool process" \
                    f"{'es' if r['workflow_procs'] > 1 else ''}" \
                    f"{'; through the nemo_gym adapter' if r.get('adapter') else ''}" \
+                   f"{', adapter placement ' + r['env_placement'] if r.get('env_placement') else ''}" \
                    f"{'; steps in the loop, no isolation: `single_tool_direct`' if r.get('direct') else ''})"
             lat = f"{_f(r['p50_latency_s'], 2)} / {_f(r['p95_latency_s'], 2)}"
             st = ", ".join(f"{k} {v}" for k, v in r["statuses"].items())
@@ -372,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="gymflow runs the rows through its nemo_gym adapter (NeMo Gym's own server code, managed by "
                          "gymflow) instead of its native environment (required for servers other than "
                          f"{TOOL_SERVER})")
+    ap.add_argument("--adapter-placement", choices=("pool", "local"),
+                    help="environments.nemo_gym.placement for --via-adapter (default: the environment's own, pool)")
     ap.add_argument("--json", type=Path, help="results file (default bench/results/<time>-side-by-side.json)")
     args = ap.parse_args(argv)
     if args.server != TOOL_SERVER and not args.via_adapter and args.only != "nemo":
@@ -389,7 +395,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.only != "nemo":
             print(f"pair {pair}: gymflow, {args.n} rollouts, {args.in_flight} in flight", file=sys.stderr, flush=True)
             results.append(asyncio.run(gymflow_run(args.n, args.in_flight, args.generate, args.workflow_procs,
-                                                   adapter=adapter, python=args.nemo_python)) | {"pair": pair})
+                                                   adapter=adapter, python=args.nemo_python,
+                                                   env_placement=args.adapter_placement)) | {"pair": pair})
             if args.with_direct:
                 print(f"pair {pair}: gymflow, steps in the loop", file=sys.stderr, flush=True)
                 results.append(asyncio.run(gymflow_run(args.n, args.in_flight, args.generate, args.workflow_procs,

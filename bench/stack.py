@@ -173,14 +173,15 @@ def _worker_command(install: str | None) -> list[str]:
 async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path | None = None,
                       generate: str = DEFAULT_PLACEMENT, workflow_procs: int = 1, install: str | None = None,
                       pool_env: dict[str, str] | None = None, correct_fraction: float | None = None,
-                      seed: int = 0) -> BenchStack:
+                      seed: int = 0, environments: dict[str, Any] | None = None) -> BenchStack:
     """Start everything; `concurrency` bounds rollouts in flight (workflow tasks, generate slots, model calls).
     `generate`: the models' placement ('pool': the generate pool calls them; 'local': the workflow pool does).
     `workflow_procs`: processes of the workflow pool (each gets `concurrency`; the CPU and memory are summed).
     `install`: a `module:function` each pool process calls before `gymflow worker` starts (a bench environment's
     registration, bench/hostile_env.py). `pool_env`: extra environment variables for the pool processes.
     `correct_fraction`: the mocks answer the workloads' tasks right on this seeded share (`seed`) of them
-    (None: the mock's answer-free behaviour, as the side by side and the noisy neighbour want)."""
+    (None: the mock's answer-free behaviour, as the side by side and the noisy neighbour want). `environments`:
+    the config's `environments` section (e.g. `{"nemo_gym": {"placement": "local"}}`)."""
     work = Path(tempfile.mkdtemp(prefix="gymflow-bench-"))
     os.chmod(work, 0o755)
     procs: list[subprocess.Popen] = []
@@ -205,6 +206,7 @@ async def start_stack(*, slow_latency_s: float, concurrency: int, log_dir: Path 
                        for m, u in urls.items()},
             "pools": {"generate": {"concurrency": concurrency}, "env": {"concurrency": 64},
                       "workflows": {"concurrency": concurrency}},
+            **({"environments": environments} if environments else {}),
         }))
         logs = log_dir or work
         pool_pids: dict[str, list[int]] = {p: [] for p in POOLS}
