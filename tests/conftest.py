@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,17 @@ TEST_LIMITS = {
 def scripted() -> Iterator[ScriptedOpenAI]:
     with ScriptedOpenAI() as server:
         yield server
+
+
+@pytest.fixture
+def tokenizing(scripted: ScriptedOpenAI) -> Iterator[Callable[[Any], ScriptedOpenAI]]:
+    """`tokenizing(responder)`: the scripted model answering with `responder` and reporting vLLM-style token ids
+    (its deterministic tokenizer), as trainers' token-exact records need; both undone after the test."""
+    def use(responder: Any) -> ScriptedOpenAI:
+        scripted.responder, scripted.tokenizer = responder, "deterministic"
+        return scripted
+    yield use
+    scripted.responder, scripted.tokenizer = None, None
 
 
 @pytest.fixture(autouse=True)

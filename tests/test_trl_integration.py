@@ -49,10 +49,8 @@ def _trainer(step: int = 0, model: object = None) -> SimpleNamespace:
 
 
 @pytest.fixture
-def tokenized(scripted):
-    scripted.responder, scripted.tokenizer = weather_responder, "deterministic"  # a tool call, then an answer
-    yield scripted
-    scripted.responder, scripted.tokenizer = None, None
+def tokenized(tokenizing):
+    return tokenizing(weather_responder)  # a tool call, then an answer
 
 
 async def test_repeated_prompts_become_groups_with_token_exact_outputs(gf, tokenized, sql, run_id):

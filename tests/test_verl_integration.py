@@ -70,10 +70,8 @@ def _responder(body: dict[str, Any]):
 
 
 @pytest.fixture
-def tokenized(scripted):
-    scripted.responder, scripted.tokenizer = _responder, "deterministic"
-    yield scripted
-    scripted.responder, scripted.tokenizer = None, None
+def tokenized(tokenizing):
+    return tokenizing(_responder)
 
 
 async def _run_child(spec: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
