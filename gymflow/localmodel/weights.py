@@ -22,18 +22,21 @@ from typing import Any
 WEIGHTS_FILE = "model.safetensors"
 
 
+def _owners(state: Mapping[str, Any]) -> dict[str, Any]:
+    """`state` without the entries that share an earlier one's storage (a tied output head)."""
+    seen: set[int] = set()
+    out: dict[str, Any] = {}
+    for name, tensor in state.items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            out[name] = tensor
+    return out
+
+
 def unique_tensors(model: Any) -> dict[str, Any]:
     """The state dict without the copies of tied weights (the output head shares the embedding's storage);
     `from_pretrained` ties them again from the config."""
-    seen: set[int] = set()
-    out: dict[str, Any] = {}
-    for name, tensor in model.state_dict().items():
-        ptr = tensor.data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        out[name] = tensor.detach().contiguous()
-    return out
+    return {name: t.detach().contiguous() for name, t in _owners(model.state_dict()).items()}
 
 
 def save_weights(model: Any, directory: str | Path) -> Path:
@@ -91,7 +94,7 @@ def fill_module(module: Any, state: Mapping[str, Any]) -> None:
     import torch
 
     own = module.state_dict()
-    missing = sorted(set(unique_names(module)) - set(state))
+    missing = sorted(set(_owners(own)) - set(state))
     if missing:
         raise ValueError(f"the state lacks {len(missing)} of the served model's tensors, e.g. {missing[:3]}")
     with torch.no_grad():
@@ -102,8 +105,3 @@ def fill_module(module: Any, state: Mapping[str, Any]) -> None:
                 raise ValueError(f"the state's {name!r} {tuple(tensor.shape)} does not fit the served model "
                                  f"({shape})")
             target.copy_(tensor)
-
-
-def unique_names(module: Any) -> list[str]:
-    """The state-dict names that own their storage (a tied head is not among them)."""
-    return list(unique_tensors(module))
