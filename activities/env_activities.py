@@ -3,7 +3,7 @@ process (activities/env_processes.py) unless the environment runs in the worker'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from gymflow.activities import metrics
@@ -36,7 +36,8 @@ async def setup_episode(env: Environment, task: Task, processes: EnvProcesses | 
 
 
 async def run_tool_call(env: Environment, task: Task, data: TaskData | None, state: JSON, call: ToolCall,
-                        processes: EnvProcesses | None = None, options: JSON | None = None) -> ToolResult:
+                        processes: EnvProcesses | None = None, options: JSON | None = None,
+                        offered: Collection[str] | None = None) -> ToolResult:
     """One tool call, as both workflow shapes run it: a bad call (unknown tool, bad arguments, ToolError, or one
     past its limits in its supervised process) becomes an error message for the model with the state unchanged; a
     good one may end the episode. `data` (the parsed task) is needed only to run it here, without `processes`."""
@@ -46,7 +47,7 @@ async def run_tool_call(env: Environment, task: Task, data: TaskData | None, sta
         res = await heartbeating(processes.tool(task, state, call, Limits.from_options(options)))
     else:
         res = await heartbeating(tool_result(env, task, data if data is not None else env.parse_task(task), state,
-                                             call))
+                                             call, offered))
     metrics.tool_call(task.env, "error" if res.is_error else "ok")
     return res
 

@@ -5,7 +5,7 @@ metrics here: this module is imported by every supervised process."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from gymflow.environments.base import Environment, TaskData, ToolOutput, VerifyContext
@@ -80,11 +80,13 @@ def ends_episode(env: Environment, task: Task, data: TaskData, name: str, out: T
     return bool(out.done) or name in env.terminal_tools(task, data)
 
 
-async def tool_result(env: Environment, task: Task, data: TaskData, state: JSON, call: ToolCall) -> ToolResult:
+async def tool_result(env: Environment, task: Task, data: TaskData, state: JSON, call: ToolCall,
+                      offered: Collection[str] | None = None) -> ToolResult:
     """One tool call: a bad call (unknown tool, bad arguments, ToolError) becomes an error message for the model
-    with the state unchanged; a good one may end the episode. Anything else the environment raises propagates."""
+    with the state unchanged; a good one may end the episode. Anything else the environment raises propagates.
+    `offered`: the names the episode offered, where the environment discovered some (`discover_tools`)."""
     name = call.function.name
-    available = {t.name for t in env.tools(task, data)}
+    available = set(offered) if offered is not None else {t.name for t in env.tools(task, data)}
     try:
         if name not in available:
             raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(available)) or 'none'}")

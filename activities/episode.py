@@ -261,6 +261,9 @@ class EpisodeActivities:
         with boundary("environment", f"{task.env} setup"):
             env = get_environment(task.env)
             initial, state, tools = await setup_episode(env, task, self._processes, self._env_options.get(task.env))
+            if _discovers(env):  # tools listed by a running service (I/O in the loop: only in-loop environments)
+                found, state = await heartbeating(env.discover_tools(env.parse_task(task), dict(state)))
+                tools = _with_discovered(tools, found)
             responds = _responds(env, task)
             if responds:  # its first observation (I/O in the loop: only in-loop environments respond)
                 opening, state = await heartbeating(env.open_episode(env.parse_task(task), dict(state)))
@@ -438,13 +441,14 @@ class EpisodeActivities:
         new: list[NewMessage] = []
         ended_by: str | None = None
         max_state = _max_state_bytes(self._env_options.get(task.env))
+        offered = {t.name for t in await self._tools(task, req.run_id)} if _discovers(env) else None
         for call in calls:
             if ended_by is not None:
                 # After the episode ended nothing may change its state: answered, not run.
                 new.append(NewMessage(role="tool", body=not_run_message(call, ended_by).model_dump(
                     exclude_none=True), tokens={"not_run": True}))
                 continue
-            message, after, failed, done = await self._one_tool(env, task, state, call)
+            message, after, failed, done = await self._one_tool(env, task, state, call, offered)
             if not failed and (size := state_size(after)) > max_state:
                 # The state a model's calls grow is bounded per environment: the call is refused, as a tool error
                 # the model sees, and the state stays as it was.
@@ -485,11 +489,12 @@ class EpisodeActivities:
             return _tools_ran(earlier[-1].id, [m.tokens or {} for m in earlier])
         return ToolsRan(head_id=ids[-1], calls=0, done=out.done)
 
-    async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall
-                        ) -> tuple[ChatMessage, dict[str, Any], bool, bool]:
+    async def _one_tool(self, env: Environment, task: Task, state: dict[str, Any], call: ToolCall,
+                        offered: set[str] | None = None) -> tuple[ChatMessage, dict[str, Any], bool, bool]:
         """(tool message, state after, failed, ended the episode)."""
         with boundary("environment", f"{task.env} tool {call.function.name[:80]!r}"):
-            res = await run_tool_call(env, task, None, state, call, self._processes, self._env_options.get(task.env))
+            res = await run_tool_call(env, task, None, state, call, self._processes, self._env_options.get(task.env),
+                                      offered)
         return res.message, dict(res.state), res.is_error, res.done
 
     @activity.defn(name=names.EPISODE_FINISH)
@@ -565,6 +570,18 @@ def _generated(message: StoredMessage, attempt: int) -> Generated:
 
 
 RESPONDS = "responds"  # on the prompt's last message: the environment answers text turns; on a reply: answered
+
+
+def _discovers(env: Environment) -> bool:
+    """Whether the environment lists some of its tools at run time (Environment.discover_tools): only one that runs
+    in the loop, where that I/O happens."""
+    return type(env).discover_tools is not Environment.discover_tools and env.in_loop_reason is not None
+
+
+def _with_discovered(tools: tuple[ToolSpec, ...], found: list[ToolSpec]) -> tuple[ToolSpec, ...]:
+    """The task's own tools, then the discovered ones it does not already name."""
+    named = {t.name for t in tools}
+    return (*tools, *(t for t in found if t.name not in named))
 
 
 def _responds(env: Environment, task: Task) -> bool:

@@ -654,12 +654,6 @@ async def run_batch(plans: list[Plan], work: Path, parallel: int, timeout: float
 # Why each disagreement or not-runnable server is what it is, from reading its rows, log and code (the bench's
 # own evidence is appended: the NeMo Gym error, gymflow's failure, the rewards).
 EXPLAINED: dict[str, str] = {
-    "example_mcp_weather": (
-        "gymflow gap (MCP tools): the rows offer no tools (`tools: []`); the server exposes `get_weather` over MCP "
-        "(`expose_tools_over_mcp: true`), which NeMo Gym's agent lists from the endpoint /seed_session announces. "
-        "gymflow lets a model call only the row's tools, so the recorded `get_weather` call is answered 'unknown "
-        "tool' without reaching the server; the session holds no weather call and verify scores 0. NeMo Gym, "
-        "posting /get_weather as its simple agent does, scores 1 (= recorded)"),
     "example_tool_call_multireward": (
         "gymflow by design: NeMo Gym's reward is 2.0 (a sum of reward components, = recorded); gymflow records "
         "rewards in [0, 1] and masks one outside (environments/nemo_gym.py `_score`, verifier_failed)"),
@@ -717,6 +711,10 @@ EXPLAINED |= {
         "the recorded actions (NeMo Gym's own verdict is not its recording on every row either); a loss (-1) is "
         "outside [0, 1], which gymflow masks by design"),
 }
+EXPLAINED["example_mcp_weather"] = (
+    "tools over MCP: the rows offer none (`tools: []`); the server's config sets `expose_tools_over_mcp`, so "
+    "gymflow seeds at setup and offers what the endpoint /seed_session announces lists (`get_weather`), as NeMo "
+    "Gym's MCP agents list it")
 # Image prompts (`input_image` parts) load as Chat Completions image parts and go back to /verify as recorded.
 for _name in ("circle_click", "circle_count", "gui_coordinate"):
     EXPLAINED[_name] = "image prompts (`input_image` parts), sent back to /verify as recorded"
@@ -724,11 +722,12 @@ for _name in ("circle_click", "circle_count", "gui_coordinate"):
 FINDINGS = [
     "What it shows:",
     "",
-    "- Every disagreement is a gymflow gap or choice, none a wrong score: tools offered over MCP "
-    "(example_mcp_weather: gymflow offers a model only the row's tools), and rewards outside [0, 1] "
-    "(example_tool_call_multireward 2.0, generative_reward_model -1: gymflow masks them by design). Image prompts "
-    "(circle_click, circle_count, gui_coordinate: `input_image` parts) were a gap until gymflow's loader took "
-    "image parts; they agree on every row.",
+    "- Every disagreement is a gymflow choice, none a wrong score: rewards outside [0, 1] "
+    "(example_tool_call_multireward 2.0, generative_reward_model -1, the gymnasium servers' penalties: gymflow "
+    "masks them by design) and unseeded environments (blackjack). Image prompts (circle_click, circle_count, "
+    "gui_coordinate: `input_image` parts) and tools listed over MCP (example_mcp_weather: the rows offer none, the "
+    "server's endpoint lists `get_weather`) were gymflow gaps until the loader took image parts and the adapter "
+    "listed MCP tools; they agree on every row.",
     "- Adapter bugs this bench found, fixed with tests: a replayed rollout row sent its recorded outcome "
     "(`reward`, `judge_evaluations`, ...) back to /verify, which servers that build their reply as "
     "`Reply(**body.model_dump(), reward=r)` answered with HTTP 500 (equivalence_llm_judge; "

@@ -190,6 +190,13 @@ class Environment(ABC, Generic[T]):
         its content the last observation, often empty). Raise `GymflowError` for the platform's failures."""
         raise NotImplementedError(f"{self.name} does not respond to turns without tool calls")
 
+    async def discover_tools(self, data: T, state: JSON) -> tuple[list[ToolSpec], JSON]:
+        """(tools, state) for an environment that learns some of its tools only from a running service (a NeMo Gym
+        server that lists them over MCP): offered with `tools()` for this episode (a `tools()` tool of the same
+        name wins) and accepted by the tool-call check. Called once at setup, only for an environment that runs in
+        the loop (its I/O is there); default: none."""
+        return [], state
+
     async def open_episode(self, data: T, state: JSON) -> tuple[list[ChatMessage], JSON]:
         """(user messages appended to the prompt, state) before the first turn, for an environment whose episode
         starts with its own observation; default: none. Only for environments that respond (`responds`)."""

@@ -8,8 +8,10 @@ when set: one the user runs. Otherwise gymflow runs it: one process per server p
 Gym's Python (environments/nemo_gym_server.py). The protocol is NeMo Gym's simple agent's: `/seed_session` with
 the row, which sets a session cookie; one POST `/<tool>` per tool call with that cookie, whose reply body, whatever
 its status (a 404 for a tool the server has no route for, a 422, a 500), is the tool's output the model sees;
-`/verify` with the row plus the episode as a Responses API `response` (every output item). Seeding is lazy (setup
-cannot do I/O): on the first tool call, or in verify when there was none; the cookie is the episode state, with the
+`/verify` with the row plus the episode as a Responses API `response` (every output item). Seeding is lazy: on the
+first tool call, or in verify when there was none; for a server that lists its tools over MCP
+(`expose_tools_over_mcp`), at setup, where those tools are listed (`discover_tools`, environments/nemo_gym_mcp.py)
+and offered beside the row's. The cookie is the episode state, with the
 managed server's instance id, so an episode seeded on a server that has since died is failed or masked, not scored.
 A server whose config names NeMo Gym's gymnasium agent is driven by that agent's protocol instead (/reset, /step:
 environments/nemo_gym_gymnasium.py), through `open_episode`, `respond` and `call_tool`.
@@ -30,6 +32,7 @@ import httpx
 from gymflow.environments import nemo_gym_catalogue as catalogue
 from gymflow.environments import nemo_gym_gymnasium as gym
 from gymflow.environments import nemo_gym_http as http
+from gymflow.environments import nemo_gym_mcp as mcp
 from gymflow.environments import nemo_gym_responses as responses
 from gymflow.environments import nemo_gym_server as managed
 from gymflow.environments.base import (
@@ -45,7 +48,7 @@ from pydantic import Field
 
 from gymflow.kernel.errors import ConfigError, GymflowError, TaskError, ToolError, VerifierError
 from gymflow.kernel.failures import ENVIRONMENT_ERROR, VERIFIER_CRASHED
-from gymflow.kernel.wire import ChatMessage, Score, Task
+from gymflow.kernel.wire import ChatMessage, Score, Task, ToolSpec
 
 STATE_KEY = "nemo_gym_cookies"
 INSTANCE_KEY = "nemo_gym_instance"  # the managed server instance the session was seeded on
@@ -128,6 +131,22 @@ def _agent(server: str, config: str | None) -> catalogue.Agent:
         return catalogue.Agent(None)
 
 
+@cache
+def _exposes_mcp(server: str, config: str | None) -> bool:
+    try:
+        return catalogue.exposes_mcp(catalogue.server(server), config)
+    except ConfigError:
+        return False
+
+
+def lists_mcp_tools(data: NemoGymTask) -> bool:
+    """Whether the row's server lists tools over MCP (its config, or the row's overrides, say
+    `expose_tools_over_mcp: true`): the episode then offers them beside the row's own."""
+    overridden = (data.resources_server_overrides or {}).get("expose_tools_over_mcp")
+    return overridden is True or (overridden is None and _exposes_mcp(data.resources_server,
+                                                                        data.resources_server_config))
+
+
 def gymnasium(data: NemoGymTask) -> bool:
     """Whether NeMo Gym drives this row's server with its gymnasium agent (/reset and /step: nemo_gym_gymnasium)."""
     return _agent(data.resources_server, data.resources_server_config).name == gym.AGENT
@@ -186,12 +205,31 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
         return await managed.managed(spec).ensure()
 
     async def _seed(self, data: NemoGymTask, url: str, timeout: float) -> dict[str, str]:
+        return (await self._seed_reply(data, url, timeout))[0]
+
+    async def _seed_reply(self, data: NemoGymTask, url: str, timeout: float) -> tuple[dict[str, str], Any]:
+        """(session cookies, the reply's JSON or None)."""
         row = _without(data.row(), await _reply_only_fields(url, timeout))
         reply = await http.post(url, "/seed_session", http.encode(row), {}, timeout)
         if not 200 <= reply.status < 300:
             raise TaskError(f"{data.resources_server}/seed_session refused the row (HTTP {reply.status}): "
                             f"{reply.snippet()}")
-        return http.merge_cookies({}, reply.cookies)
+        return http.merge_cookies({}, reply.cookies), _json_or_none(reply.text)
+
+    async def discover_tools(self, data: NemoGymTask, state: JSON) -> tuple[list[ToolSpec], JSON]:
+        """For a server that lists its tools over MCP: the session seeded now (its token names the tools this
+        session may call) and the tools its endpoint lists; the calls then go to their plain routes."""
+        if gymnasium(data) or not lists_mcp_tools(data):
+            return [], state
+        url, instance = await self._endpoint(data)
+        timeout = http.timeout_s()
+        cookies, reply = await http.with_retries(lambda: self._seed_reply(data, url, timeout))
+        where = mcp.endpoint(data.resources_server, reply)
+        if where is None:
+            raise mcp.McpError(f"{data.resources_server}: its config exposes tools over MCP, but /seed_session "
+                               f"announced no `{mcp.KEY}` endpoint")
+        tools = await mcp.list_tools(data.resources_server, url, where, cookies, timeout, _check_tool_name)
+        return tools, {**state, STATE_KEY: cookies, INSTANCE_KEY: instance}
 
     def responds(self, task: Task, data: NemoGymTask) -> bool:
         return gymnasium(data)

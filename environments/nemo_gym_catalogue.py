@@ -137,6 +137,16 @@ def agent(info: ServerInfo, config: str | None = None) -> Agent:
     return Agent(None)
 
 
+def exposes_mcp(info: ServerInfo, config: str | None = None) -> bool:
+    """Whether the server's config (`config`, else its default one) turns on `expose_tools_over_mcp`: its
+    /seed_session then announces an MCP endpoint listing the tools its rows may not name."""
+    if not info.configs:
+        return False
+    path = info.folder / "configs" / config if config else default_config(info)
+    _, cfg = resources_entry(load_config(path), info.name, path)
+    return cfg.get("expose_tools_over_mcp") is True
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """One NeMo Gym config file as plain YAML (NeMo Gym loads it with OmegaConf; interpolations stay strings)."""
     try:

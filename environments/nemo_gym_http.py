@@ -128,11 +128,11 @@ def tls_context() -> ssl.SSLContext:
 
 
 async def post(base_url: str, path: str, body: bytes, cookies: Mapping[str, str], timeout: float, *,
-               answered: frozenset[int] = frozenset()) -> Reply:
+               answered: frozenset[int] = frozenset(), headers: Mapping[str, str] | None = None) -> Reply:
     """One POST, bounded in time (connect, each read, and the whole exchange) and in reply size. A 5xx or 408/429
     raises ServerUnavailable unless its status is in `answered` (a tool route's 500 is the model's to see)."""
     where = f"{redact(base_url)}{path}"
-    headers = {"Content-Type": "application/json", **_cookie_header(cookies)}
+    headers = {**(headers or {}), "Content-Type": "application/json", **_cookie_header(cookies)}
     try:
         async with asyncio.timeout(timeout):
             # trust_env=False: a proxy from the worker's environment must not sit between us and a local server.
