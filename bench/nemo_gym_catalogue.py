@@ -59,7 +59,7 @@ from gymflow.workers.local_stack import LocalStack, free_port
 
 from gymflow.client import GymflowClient
 from gymflow.data.datasets import load_jsonl
-from gymflow.data.prepare import conversation_key, join
+from gymflow.data.prepare import conversation_key, join, match_task, tasks_by_position
 from gymflow.kernel.config import load_settings
 from gymflow.kernel.recorded_ids import default_task_id, recorded_sample
 from gymflow.kernel.store.db import make_engine
@@ -193,15 +193,14 @@ def _prompt_key(row: dict[str, Any]) -> str:
     return conversation_key((row.get("responses_create_params") or {}).get("input") or [])
 
 
-def _tasks_by_prompt(tasks: Path | None) -> dict[str, dict[str, Any]]:
+def _tasks_of(recorded: list[dict[str, Any]], tasks: Path | None) -> list[dict[str, Any] | None]:
+    """Each recording's example.jsonl task, as `gymflow data join` matches them (by `_ng_task_index` where the
+    prompts agree: tasks a seed apart share a prompt)."""
     if tasks is None:
-        return {}
-    out = {}
-    for line in tasks.read_text().splitlines():
-        with contextlib.suppress(ValueError, AttributeError):
-            row = json.loads(line)
-            out.setdefault(_prompt_key(row), row)
-    return out
+        return [None] * len(recorded)
+    at = tasks_by_position(tasks)
+    index = {key: (position, row) for position, (key, row) in at.items()}
+    return [(match_task(r, _prompt_key(r), at, index)[1] or (None, None))[1] for r in recorded]
 
 
 def _pruned(value: Any) -> Any:
@@ -286,8 +285,7 @@ def plan(info: catalogue.ServerInfo, work: Path, judge_url: str, limit: int | No
                               f"prompt (the rows' `input` is empty); {p.not_runnable}")
         return p
     rows, recorded = (rows[:limit], recorded[:limit]) if limit else (rows, recorded)
-    by_prompt = _tasks_by_prompt(tasks)
-    p.recorded, p.tasks = recorded, [by_prompt.get(_prompt_key(r)) for r in recorded]
+    p.recorded, p.tasks = recorded, _tasks_of(recorded, tasks)
     p.agents = _allowed_agents(info)
     extra = {"resources_server": info.name, **({"resources_server_overrides": p.overrides} if p.overrides else {})}
     p.rows = [{**r, **extra, **_turn_limit(r)} for r in rows]
@@ -706,6 +704,17 @@ EXPLAINED |= {
         "gymflow by design: the step rewards are negative (congestion penalties); gymflow's reward is NeMo Gym's "
         "to the last digit (its masked detail says it) and masked as outside [0, 1]. NeMo Gym 0.7.0's own verdict "
         "is not its recording (about half of it: the recording's reward terms are not the shipped code's)"),
+    "grl_sokoban": (
+        "gymflow by design: the rewards are Sokoban's (-0.1 a move, +10 solved); gymflow's reward is NeMo Gym's to "
+        "the last digit on every row (its masked detail says it) and masked as outside [0, 1]. The five tasks share "
+        "one prompt and differ only in `seed`: matched by prompt, every rollout got one task's seed and another "
+        "board (found here; `gymflow data join` now matches by `_ng_task_index` and takes the task's prompt where "
+        "the recording holds /reset's observation)"),
+    "grl_tetris": (
+        "gymflow by design: rewards outside [0, 1] (masked), as grl_sokoban; gymflow's reward equals the recorded "
+        "one on every row. Not reproducible in general: the seed covers /reset only; the pieces after the first "
+        "are drawn from the server process's unseeded global `random` (tetris_env.py:134-147), so a replay gets "
+        "its recording's pieces by chance (NeMo Gym's own verdict is not its recording on three rows)"),
     "blackjack": (
         "not reproducible: /reset deals from an unseeded `random.Random()`, so each side plays another hand with "
         "the recorded actions (NeMo Gym's own verdict is not its recording on every row either); a loss (-1) is "
@@ -728,12 +737,16 @@ FINDINGS = [
     "gui_coordinate: `input_image` parts) and tools listed over MCP (example_mcp_weather: the rows offer none, the "
     "server's endpoint lists `get_weather`) were gymflow gaps until the loader took image parts and the adapter "
     "listed MCP tools; they agree on every row.",
+    "- NeMo Gym's gymnasium agent (`/reset`, `/step`) is spoken by the adapter: example_multi_turn_gymnasium "
+    "agrees on every row; grl_sokoban, grl_tetris and openair_congestion give NeMo Gym's reward to the digit, "
+    "masked as outside [0, 1]; blackjack deals unseeded hands; wordle and indian_banking lack their data.",
     "- Adapter bugs this bench found, fixed with tests: a replayed rollout row sent its recorded outcome "
     "(`reward`, `judge_evaluations`, ...) back to /verify, which servers that build their reply as "
     "`Reply(**body.model_dump(), reward=r)` answered with HTTP 500 (equivalence_llm_judge; "
     "tests/test_nemo_gym_recorded_rows.py); a judge model could not be given to a managed server (now "
     "`gymflow_model_urls` in `resources_server_overrides`; tests/test_nemo_gym_launch_models.py); a config file "
-    "with a top-level list (critpt's `config_paths`) stopped the launcher.",
+    "with a top-level list (critpt's `config_paths`) stopped the launcher; rollouts of tasks that share a "
+    "prompt (grl_*: a seed apart) were matched to the first such task (tests/test_recorded_samples.py).",
     "- Where NeMo Gym is wrong: its rollout files are not re-verifiable as shipped: every row echoes "
     "`responses_create_params` with its unset fields as null (`parallel_tool_calls: null`), which NeMo Gym's own "
     "request model rejects (422), so the bench prunes the nulls, as NeMo Gym's `reverify` avoids them by reading the "

@@ -69,6 +69,29 @@ def test_join_gives_the_samples_of_a_task_file_row_its_id(tmp_path):
     assert [len(RecordedRollouts(out)._rows["t1"])] == [3]  # noqa: SLF001
 
 
+def test_join_finds_the_task_of_a_recording_that_holds_its_first_observation(tmp_path):
+    """NeMo Gym's gymnasium agent records /reset's observation in the input: its task is `_ng_task_index`'s when that
+    task's prompt begins it, and the replay starts from the task's prompt with the task's fields (the seed)."""
+    tasks, rollouts, out = tmp_path / "tasks.jsonl", tmp_path / "rollouts.jsonl", tmp_path / "out.jsonl"
+    prompt = [{"role": "system", "content": "Solve it."}]
+    tasks.write_text("".join(json.dumps({"seed": seed, "responses_create_params": {"input": [
+        *prompt, {"role": "user", "content": f"Go {seed}."}]}}) + "\n" for seed in (7, 8)))
+    opened = [*prompt, {"role": "user", "content": "Go 8."},
+              {"role": "user", "content": "board 8", "type": "message"}]
+    rows = [{"_ng_task_index": 1, "responses_create_params": {"input": opened}, "reward": 1},
+            # its index names a task whose prompt does not begin it, or the extra item is not the environment's
+            {"_ng_task_index": 0, "responses_create_params": {"input": opened}, "reward": 0},
+            {"_ng_task_index": 1, "responses_create_params": {"input": [*opened[:2], {"role": "assistant",
+                                                                                     "content": "x"}]}}]
+    rollouts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = join(rollouts, tasks, out)
+    assert report.written == 3 and report.unmatched == [2, 3]
+    first, second, third = (json.loads(line) for line in out.read_text().splitlines())
+    assert first["seed"] == 8 and first["responses_create_params"]["input"] == opened[:2]
+    assert "seed" not in second and second["responses_create_params"]["input"] == opened
+    assert "seed" not in third
+
+
 def test_sample_k_is_the_row_with_sample_index_k_wherever_it_is_in_the_file(tmp_path):
     def row(index: int, answer: str) -> str:
         return json.dumps({"id": "t", "_ng_rollout_index": index, "responses_create_params": {"input": "q"},

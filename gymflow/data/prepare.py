@@ -169,15 +169,17 @@ def join(rollouts: str | Path, tasks: str | Path | None, out: str | Path) -> Joi
     rollout_errors, report = ErrorLog(str(rollouts)), JoinReport()
     # conversation -> (the task's index in its file, the task row): NeMo Gym's `_ng_task_index` is that index.
     index: dict[str, tuple[int, dict[str, Any]]] = {}
+    at: dict[int, tuple[str, dict[str, Any]]] = {}  # every task by its index: tasks may share a prompt (a seed apart)
     if task_file is not None and task_errors is not None:
-        index = {key: (line - 1, row) for line, key, row in _keyed_rows(task_file, task_errors)}
+        at = {line - 1: (key, row) for line, key, row in _keyed_rows(task_file, task_errors)}  # errors reported
+        index = {key: (position, row) for position, (key, row) in at.items()}
     after_tasks = max((position for position, _ in index.values()), default=-1) + 1
     unmatched_tasks: dict[str, int] = {}  # conversations of rows with no task: numbered after the file's tasks
     used: dict[str, set[int]] = {}  # sample indices written so far, per task
     conversation_of: dict[str, str] = {}  # the prompt each task id was first written with
     with atomic_output(target) as sink:
         for lineno, key, row in _keyed_rows(rollouts, rollout_errors):
-            found = index.get(key)
+            key, found, row = match_task(row, key, at, index)
             if found is None and task_file is not None:
                 report.unmatched.append(lineno)
             position, task = found if found is not None else (None, {})
@@ -202,6 +204,54 @@ def join(rollouts: str | Path, tasks: str | Path | None, out: str | Path) -> Joi
     report.errors = (task_errors.errors if task_errors else []) + rollout_errors.errors
     report.bad_lines = (task_errors.bad_lines if task_errors else 0) + rollout_errors.bad_lines
     return report
+
+
+def tasks_by_position(path: Path) -> dict[int, tuple[str, dict[str, Any]]]:
+    """Every good row of a task file by its index (NeMo Gym's `_ng_task_index`), with its conversation key."""
+    return {line - 1: (key, row) for line, key, row in _keyed_rows(path, ErrorLog(str(path)))}
+
+
+def match_task(row: dict[str, Any], key: str, at: dict[int, tuple[str, dict[str, Any]]],
+               index: dict[str, tuple[int, dict[str, Any]]]
+               ) -> tuple[str, tuple[int, dict[str, Any]] | None, dict[str, Any]]:
+    """(conversation, (position, task) or None, the row) for a rollout row `key` is the conversation of: the task it
+    names when that task's prompt is its own, else the task with its prompt, else the task its recording opened
+    with an observation (the row then takes the task's prompt)."""
+    found = _indexed_task(row, key, at) or index.get(key)
+    if found is None and (opened := _opened_task(row, at)) is not None:
+        return opened
+    return key, found, row
+
+
+def _indexed_task(row: dict[str, Any], key: str, at: dict[int, tuple[str, dict[str, Any]]]
+                  ) -> tuple[int, dict[str, Any]] | None:
+    """The task the rollout names (`_ng_task_index`) when its prompt is the rollout's: tasks that differ only in
+    their verifier fields (a seed) share a prompt, so the prompt alone cannot tell them apart."""
+    position = row.get(NG_TASK_INDEX)
+    if isinstance(position, int) and not isinstance(position, bool) and position in at and at[position][0] == key:
+        return position, at[position][1]
+    return None
+
+
+def _opened_task(row: dict[str, Any], at: dict[int, tuple[str, dict[str, Any]]]
+                 ) -> tuple[str, tuple[int, dict[str, Any]], dict[str, Any]] | None:
+    """(conversation, (position, task), the row with its task's prompt) for a rollout whose prompt is its task's
+    (`_ng_task_index`) plus what the environment said first: NeMo Gym's gymnasium agent records /reset's
+    observation in the input. The replay starts from the task's prompt, as that agent did (its /reset adds the
+    observation again); None for any other row."""
+    position = row.get(NG_TASK_INDEX)
+    params = row.get("responses_create_params")
+    if not isinstance(position, int) or isinstance(position, bool) or position not in at or \
+            not isinstance(params, dict) or not isinstance(params.get("input"), list):
+        return None
+    key, task = at[position]
+    prompt = (task.get("responses_create_params") or {}).get("input")
+    recorded = params["input"]
+    if not isinstance(prompt, list) or not prompt or len(recorded) <= len(prompt) or \
+            conversation_key(recorded[:len(prompt)]) != key or \
+            any(not isinstance(m, dict) or m.get("role") != "user" for m in recorded[len(prompt):]):
+        return None
+    return key, (position, task), {**row, "responses_create_params": {**params, "input": prompt}}
 
 
 def _is_terminus(row: dict[str, Any]) -> bool:
