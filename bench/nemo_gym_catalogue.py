@@ -746,7 +746,7 @@ FINDINGS = [
     "tests/test_nemo_gym_recorded_rows.py); a judge model could not be given to a managed server (now "
     "`gymflow_model_urls` in `resources_server_overrides`; tests/test_nemo_gym_launch_models.py); a config file "
     "with a top-level list (critpt's `config_paths`) stopped the launcher; rollouts of tasks that share a "
-    "prompt (grl_*: a seed apart) were matched to the first such task (tests/test_recorded_samples.py).",
+    "prompt (grl_*: a seed apart) were matched to one such task (tests/test_recorded_samples.py).",
     "- Where NeMo Gym is wrong: its rollout files are not re-verifiable as shipped: every row echoes "
     "`responses_create_params` with its unset fields as null (`parallel_tool_calls: null`), which NeMo Gym's own "
     "request model rejects (422), so the bench prunes the nulls, as NeMo Gym's `reverify` avoids them by reading the "

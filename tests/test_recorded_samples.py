@@ -127,3 +127,15 @@ async def test_collect_says_when_the_file_holds_more_samples_than_it_replays(gf,
     assert f"{parity_files[SAMPLES]} holds up to 2 recorded samples per task; -n 1 replays the first 1 of each" in \
         output.getvalue()
     assert tally.total == 2
+
+
+def test_join_tells_tasks_that_share_a_prompt_apart_by_their_index(tmp_path):
+    """grl_sokoban's tasks are one prompt a seed apart: each recording gets the seed of the task it names."""
+    tasks, rollouts, out = tmp_path / "tasks.jsonl", tmp_path / "rollouts.jsonl", tmp_path / "out.jsonl"
+    prompt = {"input": [{"role": "user", "content": "Solve it."}]}
+    tasks.write_text("".join(json.dumps({"seed": seed, "responses_create_params": prompt}) + "\n"
+                             for seed in (7, 8, 9)))
+    rollouts.write_text("".join(json.dumps({"_ng_task_index": i, "responses_create_params": prompt}) + "\n"
+                                for i in (2, 0, 1)))
+    assert join(rollouts, tasks, out).unmatched == []
+    assert [json.loads(line)["seed"] for line in out.read_text().splitlines()] == [9, 7, 8]
