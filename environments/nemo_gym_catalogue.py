@@ -183,8 +183,14 @@ def config_needs(cfg: dict[str, Any], top: dict[str, Any]) -> tuple[list[str], s
     needs: list[str] = []
     refusal = None
     unset, remote = [], []
+    inline = isinstance(cfg.get("sandbox_provider"), dict)
+    if inline:  # a provider configured in place is reached only when a sandbox is made (litmus_agent: a tool's)
+        needs.append(f"a sandbox ({', '.join(cfg['sandbox_provider'])}, configured in place): offline, a call "
+                     "that needs one fails")
     for key, value in _walk(cfg):
         leaf = key.rsplit(".", 1)[-1]
+        if inline and key.startswith(("sandbox_provider.", "sandbox_spec.")):
+            continue
         if "sandbox" in key.lower() and value not in (None, False, "", "null"):
             refusal = refusal or f"needs a sandbox provider ({key}), which gymflow cannot give NeMo Gym"
         if isinstance(value, str):

@@ -39,3 +39,19 @@ def test_required_fields_are_read_from_the_source_without_running_it(tmp_path: P
 def test_an_unreadable_app_has_no_required_fields(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("class (:")
     assert required_fields(tmp_path / "bad.py") == [] and required_fields(tmp_path / "missing.py") == []
+
+
+def test_a_sandbox_configured_in_place_is_a_need_and_a_named_one_a_refusal() -> None:
+    """NeMo Gym resolves a provider named by reference (`sandbox_provider: sandbox`) at start-up, where an undefined
+    one stops the server; one configured in place is reached only when a sandbox is made (litmus_agent: its
+    code-exec tool), so the server's other rows run."""
+    from environments.nemo_gym_catalogue import config_needs
+
+    named = {"sandbox_provider": "sandbox", "sandbox_config": {"ttl_s": 60}}
+    inline = {"sandbox_provider": {"opensandbox": {"connection": {"domain": "x"}}}, "sandbox_spec": {"image": "py"}}
+    host = {"sandbox_host": "127.0.0.1"}
+    assert "needs a sandbox provider (sandbox_provider)" in (config_needs(named, {})[1] or "")
+    assert "needs a sandbox provider (sandbox_host)" in (config_needs(host, {})[1] or "")
+    needs, refusal = config_needs(inline, {})
+    assert refusal is None and any("a sandbox (opensandbox, configured in place)" in n for n in needs)
+    assert config_needs({**inline, "sandbox_host": "h"}, {})[1] is not None  # in place, and a host elsewhere
