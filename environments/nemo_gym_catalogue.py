@@ -147,6 +147,12 @@ def exposes_mcp(info: ServerInfo, config: str | None = None) -> bool:
     return cfg.get("expose_tools_over_mcp") is True
 
 
+def sandbox_in_place(info: ServerInfo, path: Path) -> bool:
+    """Whether the server's config at `path` configures its sandbox provider in place (`{opensandbox: {...}}`),
+    which gymflow's own sandbox can replace (a provider named by reference is resolved at start-up)."""
+    return isinstance(resources_entry(load_config(path), info.name, path)[1].get("sandbox_provider"), dict)
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """One NeMo Gym config file as plain YAML (NeMo Gym loads it with OmegaConf; interpolations stay strings)."""
     try:
@@ -185,8 +191,8 @@ def config_needs(cfg: dict[str, Any], top: dict[str, Any]) -> tuple[list[str], s
     unset, remote = [], []
     inline = isinstance(cfg.get("sandbox_provider"), dict)
     if inline:  # a provider configured in place is reached only when a sandbox is made (litmus_agent: a tool's)
-        needs.append(f"a sandbox ({', '.join(cfg['sandbox_provider'])}, configured in place): offline, a call "
-                     "that needs one fails")
+        needs.append(f"a sandbox ({', '.join(cfg['sandbox_provider'])} in its config): gymflow's sandbox stands "
+                     "in (environments/nemo_gym_sandbox_provider.py: plain Python images only)")
     for key, value in _walk(cfg):
         leaf = key.rsplit(".", 1)[-1]
         if inline and key.startswith(("sandbox_provider.", "sandbox_spec.")):

@@ -11,16 +11,24 @@ process that started it (PR_SET_PDEATHSIG), so a killed env worker leaves no ser
 OVERRIDES_JSON may name the model servers the server calls (a judge: `judge_model_server: {name: judge_model}`) in
 `gymflow_model_urls: {"judge_model": "http://host:port"}`: NeMo Gym finds a model server by its top-level config
 entry, which no override of the instance can add, so each becomes one here (the key is not merged).
+
+A config whose `sandbox_provider` is `{gymflow: {...}}` gets gymflow's sandbox (nemo_gym_sandbox_provider.py,
+beside this file), registered with NeMo Gym's provider registry; app.py then runs in this process (runpy, as
+`python app.py` would run it), so the registration is there when the server makes its first sandbox.
 """
 
 import ctypes
+import importlib.util
 import json
 import os
+import runpy
 import signal
 import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 MODEL_URLS = "gymflow_model_urls"
+SANDBOX_PROVIDER = "gymflow"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -62,8 +70,11 @@ def _config(config_path: str, server: str, port: int, overrides: dict) -> tuple:
     if not found:
         raise ValueError(f"{config_path}: no `resources_servers: {server}:` instance in it")
     top, inner = found[0]
+    provider = overrides.pop("sandbox_provider", None)
     instance = OmegaConf.merge(inner[server], OmegaConf.create(overrides),
                                {"host": "127.0.0.1", "port": port})
+    if provider is not None:  # replaced, not merged: a provider config names exactly one provider
+        instance["sandbox_provider"] = provider
     config = OmegaConf.create({"head_server": {"host": "127.0.0.1", "port": 9}, "dry_run": False,
                                top: {"resources_servers": {server: instance}}})
     # Interpolations may point at other top-level keys of the same file (`${judge_model_name}`).
@@ -78,6 +89,21 @@ def _config(config_path: str, server: str, port: int, overrides: dict) -> tuple:
     return str(top), OmegaConf.to_yaml(config)
 
 
+def _uses_gymflow_sandbox(overrides: dict) -> bool:
+    provider = overrides.get("sandbox_provider")
+    return isinstance(provider, dict) and list(provider) == [SANDBOX_PROVIDER]
+
+
+def _register_gymflow_sandbox() -> None:
+    from nemo_gym.sandbox.providers.registry import register_provider
+
+    path = Path(__file__).with_name("nemo_gym_sandbox_provider.py")
+    spec = importlib.util.spec_from_file_location("gymflow_nemo_gym_sandbox_provider", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    register_provider(SANDBOX_PROVIDER, module.GymflowSandboxProvider, override=True)
+
+
 def main() -> None:
     server_dir, config_path, server, port, parent_pid, overrides = sys.argv[1:7]
     _die_with_parent(int(parent_pid))
@@ -89,7 +115,12 @@ def main() -> None:
     os.environ["NEMO_GYM_CONFIG_DICT"] = config_yaml
     os.environ["NEMO_GYM_CONFIG_PATH"] = top
     os.chdir(server_dir)
-    os.execv(sys.executable, [sys.executable, "app.py"])
+    if not _uses_gymflow_sandbox(json.loads(overrides)):
+        os.execv(sys.executable, [sys.executable, "app.py"])
+    # sys.path[0] is this file's folder, whose modules (calendar.py) would shadow the standard library's.
+    sys.argv, sys.path[0] = ["app.py"], os.getcwd()
+    _register_gymflow_sandbox()
+    runpy.run_path("app.py", run_name="__main__")
 
 
 if __name__ == "__main__":

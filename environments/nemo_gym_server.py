@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -39,6 +40,7 @@ MAX_RESTARTS = 3
 RESTART_WINDOW_S = 600.0
 STOP_GRACE_S = 5.0
 LAUNCHER = Path(__file__).with_name("nemo_gym_launch.py")
+SANDBOX_PROVIDER = "gymflow"  # environments/nemo_gym_sandbox_provider.py, registered by the launcher
 _LOG_TAIL_CHARS = 1500
 _SECRETISH = re.compile(r"(?i)((?:api[_-]?key|token|secret|password)\W{0,3}\s*[:=]\s*)\S+")
 
@@ -67,7 +69,11 @@ class Spec:
                               f"(its configs: {', '.join(info.configs) or 'none'})")
         if path is None:
             raise ConfigError(f"NeMo Gym server {server} has no config file under {info.folder / 'configs'}")
-        return cls(server, path, json.dumps(overrides or {}, sort_keys=True, separators=(",", ":")))
+        overrides = dict(overrides or {})
+        if "sandbox_provider" not in overrides and catalogue.sandbox_in_place(info, path):
+            # NeMo Gym's providers need a service or images this machine lacks: gymflow's sandbox stands in.
+            overrides["sandbox_provider"] = {SANDBOX_PROVIDER: {"python": sys.executable}}
+        return cls(server, path, json.dumps(overrides, sort_keys=True, separators=(",", ":")))
 
 
 def _free_port() -> int:

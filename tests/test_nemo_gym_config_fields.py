@@ -53,5 +53,6 @@ def test_a_sandbox_configured_in_place_is_a_need_and_a_named_one_a_refusal() -> 
     assert "needs a sandbox provider (sandbox_provider)" in (config_needs(named, {})[1] or "")
     assert "needs a sandbox provider (sandbox_host)" in (config_needs(host, {})[1] or "")
     needs, refusal = config_needs(inline, {})
-    assert refusal is None and any("a sandbox (opensandbox, configured in place)" in n for n in needs)
+    assert refusal is None
+    assert any("a sandbox (opensandbox in its config): gymflow's sandbox stands in" in n for n in needs)
     assert config_needs({**inline, "sandbox_host": "h"}, {})[1] is not None  # in place, and a host elsewhere
