@@ -740,6 +740,16 @@ FINDINGS = [
     "- NeMo Gym's gymnasium agent (`/reset`, `/step`) is spoken by the adapter: example_multi_turn_gymnasium "
     "agrees on every row; grl_sokoban, grl_tetris and openair_congestion give NeMo Gym's reward to the digit, "
     "masked as outside [0, 1]; blackjack deals unseeded hands; wordle and indian_banking lack their data.",
+    "- Sandboxes (the issue's item 7): a server whose config configures its provider in place (litmus_agent: "
+    "opensandbox, for its code-exec tool) gets gymflow's sandbox in its place (environments/"
+    "nemo_gym_sandbox_provider.py, registered with NeMo Gym's provider registry: each exec in bubblewrap, no "
+    "network, the host's /usr; plain Python images only; tests/test_nemo_gym_sandbox.py) and agrees on every row. "
+    "The other twelve name a provider by reference and run every row in its own prebuilt image (the SWE and "
+    "terminal servers: one docker.io image per row), a node image driven by a harness agent (workspace_bench) or "
+    "a Lean server (math_formal_lean): no local stand-in holds those offline, so they stay refused (0 more).",
+    "- NeMo Gym under load: math_with_judge's library verifier runs in a forked child with a 10 s deadline; in a "
+    "full run beside other benches on the same 2 cores its row 1 scored 0 on NeMo Gym's side (recorded 1, gymflow "
+    "1); rerun on a quiet machine it agrees (the table's run).",
     "- Adapter bugs this bench found, fixed with tests: a replayed rollout row sent its recorded outcome "
     "(`reward`, `judge_evaluations`, ...) back to /verify, which servers that build their reply as "
     "`Reply(**body.model_dump(), reward=r)` answered with HTTP 500 (equivalence_llm_judge; "
