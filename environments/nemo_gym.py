@@ -187,8 +187,8 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
             info = catalogue.server(data.resources_server)
         except ConfigError as e:
             raise TaskError(f"resources_server: {e}") from None
-        if info.refusal and not data.resources_server_overrides:
-            raise TaskError(f"resources_server: NeMo Gym server {info.name} cannot run here: {info.refusal}")
+        if refusal := catalogue.refusal_for(info, data.resources_server_overrides):
+            raise TaskError(f"resources_server: NeMo Gym server {info.name} cannot run here: {refusal}")
         if data.resources_server_config is not None and data.resources_server_config not in info.configs:
             raise TaskError(f"resources_server_config: {data.resources_server_config!r} is not one of "
                             f"{info.name}'s configs ({', '.join(info.configs) or 'none'})")

@@ -89,6 +89,12 @@ class ServerInfo:
         return self.folder / "data" / "example.jsonl"
 
 
+def refusal_for(info: ServerInfo, overrides: dict[str, Any] | None) -> str | None:
+    """Why the server cannot run here for a row with these `resources_server_overrides`, or None. A refusal stands
+    unless the row gives overrides: they may give the values the server lacks (its own start then says if not)."""
+    return info.refusal if info.refusal and not overrides else None
+
+
 def default_config(info: ServerInfo) -> Path:
     """`configs/<name>.yaml` where it exists (NeMo Gym's own convention), else the first config file."""
     chosen = f"{info.name}.yaml" if f"{info.name}.yaml" in info.configs else info.configs[0]

@@ -72,8 +72,19 @@ class Spec:
         overrides = dict(overrides or {})
         if "sandbox_provider" not in overrides and catalogue.sandbox_in_place(info, path):
             # NeMo Gym's providers need a service or images this machine lacks: gymflow's sandbox stands in.
-            overrides["sandbox_provider"] = {SANDBOX_PROVIDER: {"python": sys.executable}}
+            overrides["sandbox_provider"] = _stand_in()
         return cls(server, path, json.dumps(overrides, sort_keys=True, separators=(",", ":")))
+
+    def given_overrides(self) -> dict[str, Any]:
+        """The overrides the row gave (without the sandbox gymflow put in place of the config's)."""
+        overrides = json.loads(self.overrides)
+        if overrides.get("sandbox_provider") == _stand_in():
+            del overrides["sandbox_provider"]
+        return overrides
+
+
+def _stand_in() -> dict[str, Any]:
+    return {SANDBOX_PROVIDER: {"python": sys.executable}}
 
 
 def _free_port() -> int:
@@ -155,8 +166,8 @@ class ManagedServer:
     async def _start(self) -> None:
         py = catalogue.python()
         info = catalogue.server(self.spec.server)
-        if info.refusal and self.spec.overrides == "{}":  # overrides may give the values it lacks (as rows do)
-            raise ConfigError(f"NeMo Gym server {self.spec.server} cannot run here: {info.refusal}")
+        if refusal := catalogue.refusal_for(info, self.spec.given_overrides()):
+            raise ConfigError(f"NeMo Gym server {self.spec.server} cannot run here: {refusal}")
         deadline = time.monotonic() + _start_timeout()
         why = ""
         for _ in range(PORT_TRIES):
