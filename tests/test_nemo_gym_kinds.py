@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY)
 
 @pytest.fixture(scope="module")
 def judge_url() -> Iterator[str]:
-    from bench.nemo_gym_catalogue import start_judge
+    from bench.catalogue_plan import start_judge
 
     server, url = start_judge()
     yield url
@@ -77,7 +77,8 @@ async def _through_adapter(row: dict[str, Any], response: dict[str, Any]) -> flo
 
 @pytest.mark.parametrize("server", list(KINDS), ids=[f"{s} ({k})" for s, k in KINDS.items()])
 async def test_each_kind_scores_as_nemo_gym_scores_it(server: str, judge_url: str, tmp_path: Path) -> None:
-    from bench.nemo_gym_catalogue import nemo_verdicts, plan
+    from bench.catalogue_plan import plan
+    from bench.catalogue_verdicts import nemo_verdicts
 
     p = plan(catalogue.server(server), tmp_path, judge_url, ROWS)
     assert p.not_runnable is None and len(p.rows) == ROWS, p.not_runnable

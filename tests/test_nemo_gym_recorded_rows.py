@@ -24,7 +24,7 @@ from gymflow.environments import nemo_gym_server as managed
 from gymflow.environments.base import VerifyContext
 from gymflow.environments.nemo_gym import RECORDED_OUTCOME, NemoGymEnvironment
 
-from bench.nemo_gym_catalogue import start_judge
+from bench.catalogue_plan import start_judge
 from gymflow.data.datasets import row_to_task
 from gymflow.kernel.errors import ConfigError
 from gymflow.kernel.responses_format import input_to_messages
