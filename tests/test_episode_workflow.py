@@ -222,7 +222,7 @@ async def test_a_zombie_attempt_s_late_write_never_replaces_the_accepted_one(ep,
                                                                             monkeypatch):
     # run_tools' first attempt outlives its 1 s start-to-close; attempt 2 answers and is accepted; then the
     # zombie finishes and tries to append its own tool message under the same producer key.
-    import gymflow.activities.episode as episode_activities
+    import gymflow.activities.episode_store as episode_activities
 
     import tests.faulty_env
 

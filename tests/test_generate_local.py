@@ -231,7 +231,7 @@ async def test_local_episode_histories_replay(local_gen, scripted, run_id):
 async def test_a_step_whose_worker_keeps_dying_ends_typed(gf, scripted, settings, stack, run_id):
     # A local step re-run again and again on workers that never ran it (each time its workflow task was lost: the
     # worker died) ends as worker_lost after MAX_STEP_STARTS, instead of moving on to the next worker forever.
-    from gymflow.activities.episode import MAX_STEP_STARTS
+    from gymflow.activities.episode_store import MAX_STEP_STARTS
     from temporalio.exceptions import ApplicationError
 
     task = weather_task()
