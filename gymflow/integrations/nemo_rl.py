@@ -56,6 +56,16 @@ from temporalio.service import RPCError
 from gymflow.client import GymflowClient, check_collectable
 from gymflow.data.routing import agent_environment, route_problem
 from gymflow.integrations.loop import LoopGone, LoopThread
+from gymflow.integrations.nemo_rl_errors import (
+    FailedRow,
+    RolloutDataFailed,
+    RolloutFailed,
+    RolloutInfraFailed,
+    RowsRefused,
+    StackUnavailable,
+    rollout_failure,
+)
+from gymflow.integrations.nemo_rl_models import CONFIG_KEY, model_entries, resolve_models
 from gymflow.kernel import failures
 from gymflow.kernel.config import Settings, load_settings
 from gymflow.kernel.connect import TemporalUnreachable
@@ -68,52 +78,11 @@ from gymflow.training.records import TrainingRecord, group_records
 from gymflow.training.rows import split_transcript
 
 log = logging.getLogger(__name__)
-CONFIG_KEY = "gymflow"  # env.nemo_gym.gymflow in NeMo RL's config: gymflow's own settings
 ROW_INDEX = "_rowidx"  # NeMo RL's position of a row in its batch (rollouts.py `_prepare_nemo_gym_rows`)
 COLLECT_TIMEOUT_S = 3600.0
 # NeMo RL's defaults for flagging an assistant turn (nemo_gym.py DEFAULT_INVALID_TOOL_CALL_PATTERNS / THINKING_TAGS).
 INVALID_TOOL_CALL_PATTERNS = ("<tool_call>", "</tool_call>", "<function_call>", "</function_call>")
 THINKING_TAGS = ("<think>", "</think>")
-
-
-# ---- errors (each pickles from its message and fields: Ray carries them from the actor) ------------------
-
-
-class StackUnavailable(ConnectionError):
-    """Temporal, Postgres or the client's loop is gone. Calling again once it is back attaches to the same
-    rollouts: finished ones are read, running ones waited for."""
-
-
-class RowsRefused(ValueError):
-    """Rows that cannot be rollouts (their environment is not installed, or they do not fit it); nothing ran."""
-
-
-@dataclass(frozen=True)
-class FailedRow:
-    row_index: int  # the row's `_rowidx`
-    rollout_id: str
-    failure_type: str  # one of gymflow.kernel.failures.FAILURE_TYPES
-    message: str
-    retryable: bool  # the type is transient (failures.FailureType.retried): another attempt may succeed
-
-
-class RolloutFailed(RuntimeError):
-    """Rows whose rollouts failed or were masked (after gymflow's retries): not trainable, never scored 0."""
-
-    def __init__(self, message: str, failed: Sequence[FailedRow] = ()) -> None:
-        super().__init__(message)
-        self.failed = tuple(failed)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.failed))
-
-
-class RolloutInfraFailed(RolloutFailed, ConnectionError):
-    """Every failure is of a transient type (the model server or a pool was down): NeMo RL's infra budget."""
-
-
-class RolloutDataFailed(RolloutFailed, ValueError):
-    """At least one failure is deterministic (bad request, context length, bad task): NeMo RL's data budget."""
 
 
 # ---- the plan: rows -> groups -> rollouts ------------------------------------------------------------------
@@ -287,7 +256,7 @@ class GymflowNemoGym:
             for fut in futures:
                 fut.cancel()  # the waits only: the workflows go on, and a later call attaches to them
         if failed:
-            raise _failure(failed, len(nemo_gym_examples))
+            raise rollout_failure(failed, len(nemo_gym_examples))
 
     def _plan(self, rows: list[dict]) -> list[_Plan]:
         problems: list[str] = []
@@ -501,66 +470,6 @@ async def _episodes(session: Any, rollout_ids: list[str]) -> dict[str, dict[str,
     result = await session.execute(sa.select(Rollout.id, Rollout.transcript, Rollout.score_details)
                                    .where(Rollout.id.in_(rollout_ids)))
     return {r.id: {"transcript": r.transcript, "score_details": r.score_details} for r in result}
-
-
-def _failure(failed: list[FailedRow], total: int) -> RolloutFailed:
-    kinds = Counter(f.failure_type for f in failed)
-    first = failed[0]
-    message = (f"gymflow: {len(failed)} of {total} rows failed ({', '.join(f'{n} {t}' for t, n in kinds.items())});"
-               f" first: row {first.row_index} {first.rollout_id}: {first.failure_type}: {first.message}")
-    cls = RolloutInfraFailed if all(f.retryable for f in failed) else RolloutDataFailed
-    return cls(message, failed)
-
-
-def _norm(url: str) -> str:
-    return url.rstrip("/")
-
-
-def resolve_models(settings: Settings, base_urls: list[str], model_name: str, explicit: Any = None) -> list[str]:
-    """The gymflow model (from the workers' config) for each of NeMo RL's base URLs: the one whose base_url is it.
-    It must ask for token ids and logprobs and send NeMo RL's served model name."""
-    if explicit is not None:
-        names = [explicit] if isinstance(explicit, str) else list(explicit)
-        missing = [n for n in names if n not in settings.models]
-        if missing:
-            raise ConfigError(f"env.nemo_gym.{CONFIG_KEY}.model: {', '.join(map(repr, missing))} not configured in "
-                              f"gymflow's models ({', '.join(sorted(settings.models)) or 'none'})")
-    else:
-        if not base_urls:
-            raise ConfigError("NeMo RL passed no base_urls (policy.generation.vllm_cfg.expose_http_server: true)")
-        names = []
-        for url in base_urls:
-            match = [n for n, m in settings.models.items() if m.base_url and _norm(m.base_url) == _norm(url)]
-            if not match:
-                raise ConfigError(f"no gymflow model serves NeMo RL's base URL {url}: add to the workers' config "
-                                  f"{json.dumps(model_entries(base_urls, model_name))} (under models)")
-            # Several entries may share an endpoint (a judge, another served name): prefer the usable one.
-            fit = [n for n in match if _token_exact(settings, n) and (not model_name or
-                                                                      settings.models[n].model == model_name)]
-            names.append((fit or match)[0])
-    problems = []
-    for n in dict.fromkeys(names):
-        m = settings.models[n]
-        if not _token_exact(settings, n):
-            problems.append(f"models.{n}: set return_token_ids: true and logprobs: true (NeMo RL trains on the "
-                            "server's token ids and logprobs)")
-        if model_name and m.model != model_name:
-            problems.append(f"models.{n}.model is {m.model!r}, NeMo RL serves {model_name!r}")
-    if problems:
-        raise ConfigError("; ".join(problems))
-    return list(names)
-
-
-def _token_exact(settings: Settings, name: str) -> bool:
-    m = settings.models[name]
-    return bool(m.return_token_ids and m.logprobs)
-
-
-def model_entries(base_urls: Sequence[str], model_name: str, prefix: str = "nemo_rl_policy") -> dict[str, Any]:
-    """gymflow `models:` entries for NeMo RL's vLLM HTTP servers (one per data-parallel rank)."""
-    return {(prefix if len(base_urls) == 1 else f"{prefix}_{i}"): {
-        "base_url": url, "model": model_name, "logprobs": True, "return_token_ids": True}
-        for i, url in enumerate(base_urls)}
 
 
 def spinup_gymflow_actor(env_configs: dict[str, Any], base_urls: list[str], model_name: str, *, tokenizer: Any,
