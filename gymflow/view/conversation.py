@@ -5,6 +5,7 @@ template's job (autoescape); nothing here produces markup."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,21 @@ class Shown:
 
 
 def as_text(value: Any) -> str:
+    """A field as text; a list of content parts as its text, an image as a one-line placeholder."""
+    if isinstance(value, list):
+        return "\n".join(_part_text(p) for p in value)
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return part["text"]
+    if isinstance(part, dict) and part.get("type") == "image_url":
+        url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else None
+        url = url if isinstance(url, str) else ""
+        kind = re.match(r"data:([a-z/+.-]{1,40});", url)
+        return f"[image: {kind.group(1) if kind else 'not a data URL'}, {len(url)} characters]"
+    return json.dumps(part, ensure_ascii=False)
 
 
 def _tool_calls(raw: Any, cut: int) -> list[ToolCall]:

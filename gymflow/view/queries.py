@@ -102,10 +102,7 @@ SELECT id, position, role, generated FROM walk ORDER BY position
 # token metadata without the id and logprob lists (only their lengths).
 MESSAGES = sa.text("""
 SELECT m.id, m.position, m.role, m.body - 'content' - 'reasoning_content' AS rest,
-       CASE WHEN jsonb_typeof(m.body->'content') = 'string' THEN left(m.body->>'content', :cut)
-            ELSE left((m.body->'content')::text, :cut) END AS content,
-       CASE WHEN jsonb_typeof(m.body->'content') = 'string' THEN length(m.body->>'content')
-            ELSE length((m.body->'content')::text) END AS content_len,
+       left(shown.text, :cut) AS content, length(shown.text) AS content_len,
        jsonb_typeof(m.body->'content') AS content_type,
        left(m.body->>'reasoning_content', :cut) AS reasoning, length(m.body->>'reasoning_content') AS reasoning_len,
        m.tokens - 'prompt_token_ids' - 'generation_token_ids' - 'generation_log_probs' AS meta,
@@ -115,7 +112,23 @@ SELECT m.id, m.position, m.role, m.body - 'content' - 'reasoning_content' AS res
                                THEN m.tokens->'generation_token_ids' END) AS generation_ids_n,
        jsonb_array_length(CASE WHEN jsonb_typeof(m.tokens->'generation_log_probs') = 'array'
                                THEN m.tokens->'generation_log_probs' END) AS logprobs_n
-FROM messages m WHERE m.id = ANY(:ids) ORDER BY m.position
+FROM messages m
+-- A list of content parts reads as its text, an image as a one-line placeholder (not kilobytes of base64), as
+-- gymflow/view/conversation.py `as_text` shows one.
+CROSS JOIN LATERAL (SELECT CASE
+    WHEN jsonb_typeof(m.body->'content') = 'string' THEN m.body->>'content'
+    WHEN jsonb_typeof(m.body->'content') = 'array' THEN (
+        SELECT string_agg(CASE
+            WHEN jsonb_typeof(p) = 'object' AND p->>'type' = 'text' AND jsonb_typeof(p->'text') = 'string'
+                THEN p->>'text'
+            WHEN jsonb_typeof(p) = 'object' AND p->>'type' = 'image_url'
+                THEN '[image: ' || coalesce(substring(p->'image_url'->>'url' from '^data:([a-z/+.-]{1,40});'),
+                                            'not a data URL') ||
+                     ', ' || coalesce(length(p->'image_url'->>'url'), 0) || ' characters]'
+            ELSE p::text END, E'\n' ORDER BY ord)
+        FROM jsonb_array_elements(m.body->'content') WITH ORDINALITY AS parts(p, ord))
+    ELSE (m.body->'content')::text END AS text) AS shown
+WHERE m.id = ANY(:ids) ORDER BY m.position
 """)
 
 MESSAGE_FIELD = sa.text("SELECT CASE WHEN jsonb_typeof(body->:field) = 'string' THEN body->>:field "
