@@ -84,6 +84,14 @@ EXPLAINED |= {
         "one on every row. Not reproducible in general: the seed covers /reset only; the pieces after the first "
         "are drawn from the server process's unseeded global `random` (tetris_env.py:134-147), so a replay gets "
         "its recording's pieces by chance (NeMo Gym's own verdict is not its recording on three rows)"),
+    "math_with_judge": (
+        "NeMo Gym scores math-verify's own timeout 0: its `math_metric` calls math-verify's `verify` with that "
+        "library's default 5 s limit (signal.alarm; grader.py `timeout_seconds=5`), which answers False when it "
+        "passes; row 1's check (a (2+sqrt 3)^2016 closed form) takes 4.97 s alone on this machine, so with any other "
+        "load NeMo Gym's verdict on it is 0 (recorded 1): in the full run of 2026-12-07 12:06 it was, and this row "
+        "was rerun alone (`--servers math_with_judge`). Both sides run that server code, so either can read 0; "
+        "gymflow's own math_with_judge environment turns math-verify's timeouts off and "
+        "bounds the check itself, masking one past its limit. The other rows agree every time"),
     "blackjack": (
         "not reproducible: /reset deals from an unseeded `random.Random()`, so each side plays another hand with "
         "the recorded actions (NeMo Gym's own verdict is not its recording on every row either); a loss (-1) is "
@@ -116,9 +124,10 @@ FINDINGS = [
     "The other twelve name a provider by reference and run every row in its own prebuilt image (the SWE and "
     "terminal servers: one docker.io image per row), a node image driven by a harness agent (workspace_bench) or "
     "a Lean server (math_formal_lean): no local stand-in holds those offline, so they stay refused (0 more).",
-    "- NeMo Gym under load: math_with_judge's library verifier runs in a forked child with a 10 s deadline; in a "
-    "full run beside other benches on the same 2 cores its row 1 scored 0 on NeMo Gym's side (recorded 1, gymflow "
-    "1); rerun on a quiet machine it agrees (the table's run).",
+    "- NeMo Gym scores a timeout 0: math_with_judge's verifier leaves math-verify's own 5 s limit in place, which "
+    "answers False when it passes; row 1's check takes 4.97 s alone here, so under any load NeMo Gym's verdict on "
+    "it is 0 (recorded 1), measured with two busy loops beside it. gymflow's own math_with_judge environment turns "
+    "that limit off and bounds the check in its own process (a timeout masked, never 0).",
     "- Adapter bugs this bench found, fixed with tests: a replayed rollout row sent its recorded outcome "
     "(`reward`, `judge_evaluations`, ...) back to /verify, which servers that build their reply as "
     "`Reply(**body.model_dump(), reward=r)` answered with HTTP 500 (equivalence_llm_judge; "
