@@ -156,7 +156,13 @@ def exposes_mcp(info: ServerInfo, config: str | None = None) -> bool:
 def sandbox_in_place(info: ServerInfo, path: Path) -> bool:
     """Whether the server's config at `path` configures its sandbox provider in place (`{opensandbox: {...}}`),
     which gymflow's own sandbox can replace (a provider named by reference is resolved at start-up)."""
-    return isinstance(resources_entry(load_config(path), info.name, path)[1].get("sandbox_provider"), dict)
+    return _sandbox_in_place(info.name, path)
+
+
+@cache
+def _sandbox_in_place(server: str, path: Path) -> bool:
+    # Asked on every call to a managed server (nemo_gym_server.Spec.of): the config file is read once.
+    return isinstance(resources_entry(load_config(path), server, path)[1].get("sandbox_provider"), dict)
 
 
 def load_config(path: Path) -> dict[str, Any]:
