@@ -22,6 +22,7 @@ from gymflow.environments import nemo_gym_server as managed
 from gymflow.workers.local_stack import LocalStack, free_port
 
 from bench.catalogue_plan import MAX_TURNS, REQUEST_TIMEOUT_S, START_TIMEOUT_S, TOL, Plan, input_row
+from bench.stack import stop_processes
 from gymflow.client import GymflowClient
 from gymflow.data.datasets import load_jsonl
 from gymflow.kernel.config import load_settings
@@ -214,13 +215,7 @@ class Stack:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(self.procs)
         if self.local is not None:
             self.local.stop()
 

@@ -139,15 +139,20 @@ class BenchStack:
     async def close(self) -> None:
         self.sampler.stop()
         await self.client.close()
-        for proc in reversed(self.procs):
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(list(reversed(self.procs)))
         if self.stack is not None:
             self.stack.stop()
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
+    """SIGTERM each (in this order), then wait for each; one still running after `grace_s` is killed."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _postmaster_pid(data_dir: Path) -> int:

@@ -131,22 +131,6 @@ def _agent(server: str, config: str | None) -> catalogue.Agent:
         return catalogue.Agent(None)
 
 
-@cache
-def _exposes_mcp(server: str, config: str | None) -> bool:
-    try:
-        return catalogue.exposes_mcp(catalogue.server(server), config)
-    except ConfigError:
-        return False
-
-
-def lists_mcp_tools(data: NemoGymTask) -> bool:
-    """Whether the row's server lists tools over MCP (its config, or the row's overrides, say
-    `expose_tools_over_mcp: true`): the episode then offers them beside the row's own."""
-    overridden = (data.resources_server_overrides or {}).get("expose_tools_over_mcp")
-    return overridden is True or (overridden is None and _exposes_mcp(data.resources_server,
-                                                                        data.resources_server_config))
-
-
 def gymnasium(data: NemoGymTask) -> bool:
     """Whether NeMo Gym drives this row's server with its gymnasium agent (/reset and /step: nemo_gym_gymnasium)."""
     return _agent(data.resources_server, data.resources_server_config).name == gym.AGENT
@@ -219,7 +203,8 @@ class NemoGymEnvironment(Environment[NemoGymTask]):
     async def discover_tools(self, data: NemoGymTask, state: JSON) -> tuple[list[ToolSpec], JSON]:
         """For a server that lists its tools over MCP: the session seeded now (its token names the tools this
         session may call) and the tools its endpoint lists; the calls then go to their plain routes."""
-        if gymnasium(data) or not lists_mcp_tools(data):
+        if gymnasium(data) or not mcp.lists_tools(data.resources_server, data.resources_server_config,
+                                                   data.resources_server_overrides):
             return [], state
         url, instance = await self._endpoint(data)
         timeout = http.timeout_s()

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Any
 
+from gymflow.environments import nemo_gym_catalogue as catalogue
 from gymflow.environments import nemo_gym_http as http
 
-from gymflow.kernel.errors import GymflowError
+from gymflow.kernel.errors import ConfigError, GymflowError
 from gymflow.kernel.failures import ENVIRONMENT_ERROR
 from gymflow.kernel.wire import ToolSpec
 
@@ -38,6 +40,21 @@ class McpError(GymflowError):
     """The server announced MCP tools and its endpoint did not list them: the episode cannot offer its tools."""
 
     failure_type = ENVIRONMENT_ERROR
+
+
+def lists_tools(server: str, config: str | None, overrides: Mapping[str, Any] | None) -> bool:
+    """Whether the server lists tools over MCP (its config, or the row's overrides, say
+    `expose_tools_over_mcp: true`): the episode then offers them beside the row's own."""
+    overridden = (overrides or {}).get("expose_tools_over_mcp")
+    return overridden is True or (overridden is None and _exposes(server, config))
+
+
+@cache
+def _exposes(server: str, config: str | None) -> bool:
+    try:
+        return catalogue.exposes_mcp(catalogue.server(server), config)
+    except ConfigError:
+        return False
 
 
 def endpoint(server: str, seed_reply: Any) -> tuple[str, dict[str, str]] | None:
